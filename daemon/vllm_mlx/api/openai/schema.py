@@ -1,0 +1,184 @@
+"""OpenAI wire types: request bodies (validated) and response shapes (TypedDicts)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_STOP_SEQUENCES = 16
+
+
+class _Request(BaseModel):
+    # Clients send fields we do not use (user, store, metadata, service_tier...);
+    # they are accepted and ignored, as OpenAI-compatible servers do.
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(_Request):
+    type: Literal["image_url", "input_image", "image"]
+
+
+class ToolCallFunction(_Request):
+    name: str
+    arguments: str = "{}"
+
+
+class MessageToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart | ImagePart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedToolChoiceFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"] = "function"
+    function: NamedToolChoiceFunction
+
+
+class ResponseFormat(_Request):
+    type: Literal["text"]
+
+
+class _SamplingFields(_Request):
+    model: str = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    logit_bias: dict[str, float] | None = None
+    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    max_tokens: int | None = Field(None, ge=1)
+    logprobs: Literal[False, None] = Field(None, description="log probabilities are not supported")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (value or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys must be token ids, got {token!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"bias for token {token} must be between -100 and 100")
+        return value
+
+    def stop_tuple(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def bias_map(self) -> dict[int, float] | None:
+        return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    top_logprobs: None = None
+
+    @model_validator(mode="after")
+    def _named_tool_exists(self) -> ChatCompletionRequest:
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = {t.function.name for t in self.tools or []}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(
+                    f"tool_choice names function {self.tool_choice.function.name!r}, "
+                    f"which is not among the request's tools"
+                )
+        return self
+
+    def wanted_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] = Field(description="one prompt: text or token ids")
+    echo: bool = False
+    suffix: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, value: str | list[str] | list[int]) -> str | list[str] | list[int]:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("the prompt is empty")
+            if isinstance(value[0], str) and len(value) != 1:
+                raise ValueError("only one prompt per request is supported")
+        return value
+
+
+# --- responses -----------------------------------------------------------------------
+
+
+class UsageDict(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ErrorBody(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(TypedDict):
+    error: ErrorBody
+
+
+class ModelCard(TypedDict):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str

@@ -1,0 +1,41 @@
+"""create_app(state) -> the Litestar application."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Litestar, Request, Response
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+
+from vllm_mlx.api.openai.routes import make_openai_router
+from vllm_mlx.api.ops import health
+from vllm_mlx.api.state import ServerState
+
+
+def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    # Outside /v1 (unknown paths, wrong methods): a small JSON error, never a traceback.
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
+    return Response(
+        {
+            "error": {
+                "message": detail,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        },
+        status_code=status,
+    )
+
+
+def create_app(state: ServerState) -> Litestar:
+    return Litestar(
+        route_handlers=[health, make_openai_router()],
+        state=State({"server": state}),
+        exception_handlers={Exception: _plain_error},
+        logging_config=None,
+        openapi_config=None,
+        debug=False,
+    )

@@ -1,0 +1,149 @@
+"""Command line: argument wiring only. `vllm-mlx serve | check-config | models`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vllm_mlx import __version__
+from vllm_mlx.configfile import ConfigError, LoadedConfig, load_config
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """CLI flags as a nested settings mapping (only the flags actually given)."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def put(section: str, key: str, value: Any) -> None:
+        if value is not None:
+            out.setdefault(section, {})[key] = value
+
+    put("server", "host", args.host)
+    put("server", "port", args.port)
+    put("server", "timeout", args.timeout)
+    put("defaults", "max_tokens", args.max_tokens)
+    put("defaults", "temperature", args.default_temperature)
+    put("defaults", "top_p", args.default_top_p)
+    put("limits", "max_request_tokens", args.max_request_tokens)
+    put("engine", "stream_interval", args.stream_interval)
+    put("engine", "continuous_batching", args.continuous_batching)
+    result: dict[str, Any] = dict(out)
+    if args.model:
+        name = args.served_model_name or Path(args.model.rstrip("/")).name.removesuffix(".gguf")
+        if args.model.startswith("builtin:"):
+            name = args.served_model_name or args.model.removeprefix("builtin:")
+        result["models"] = [{"name": name, "source": args.model, "aliases": ["default"]}]
+    return result
+
+
+def _apply_served_name(
+    loaded: LoadedConfig, served_name: str | None, had_model: bool
+) -> LoadedConfig:
+    """--served-model-name without MODEL renames the first configured model."""
+    if not served_name or had_model:
+        return loaded
+    settings = loaded.settings
+    first = settings.models[0].model_copy(update={"name": served_name})
+    renamed = settings.model_copy(update={"models": [first, *settings.models[1:]]})
+    return LoadedConfig(renamed, loaded.path)
+
+
+def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", help="serve only this model (any `source` form)")
+    parser.add_argument("--config", help="path to vllm-mlx.yaml")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--served-model-name", help="the id clients use for the model")
+    parser.add_argument("--max-tokens", type=int, help="default max_tokens")
+    parser.add_argument(
+        "--max-request-tokens", type=int, help="most new tokens one request may ask for"
+    )
+    parser.add_argument("--default-temperature", type=float)
+    parser.add_argument("--default-top-p", type=float)
+    parser.add_argument("--stream-interval", type=int, help="tokens per streamed chunk")
+    parser.add_argument("--timeout", type=float, help="request timeout in seconds")
+    parser.add_argument(
+        "--continuous-batching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="batch concurrent requests (default: on)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-mlx", description="LLM inference daemon on MLX")
+    parser.add_argument("--version", action="version", version=f"vllm-mlx {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the daemon")
+    _add_serve_flags(serve)
+    check = commands.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("path", nargs="?", help="the file (default: the one serve would use)")
+    check.add_argument("--print", action="store_true", help="print the effective merged config")
+    models = commands.add_parser(
+        "models", help="list configured models and their local directories"
+    )
+    models.add_argument("--config", help="path to vllm-mlx.yaml")
+    models.add_argument("--json", action="store_true", help="machine-readable output")
+    models.add_argument(
+        "--resolve", action="store_true", help="download/import models that are missing"
+    )
+    return parser
+
+
+def _load(path: str | None, overrides: dict[str, Any] | None = None) -> LoadedConfig:
+    try:
+        return load_config(path, overrides)
+    except ConfigError as exc:
+        print(f"error: invalid configuration ({len(exc.issues)} problem(s)):", file=sys.stderr)
+        for issue in exc.issues:
+            print(f"  {issue}", file=sys.stderr)
+        raise SystemExit(1) from exc
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    loaded = _apply_served_name(
+        _load(args.config, _serve_overrides(args)), args.served_model_name, bool(args.model)
+    )
+    from vllm_mlx.daemon import run
+
+    run(loaded)
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    loaded = _load(args.path)
+    where = str(loaded.path) if loaded.path else "built-in defaults (no config file found)"
+    if args.print:
+        print(yaml.safe_dump(loaded.settings.model_dump(mode="json"), sort_keys=False), end="")
+    print(f"ok: {where}", file=sys.stderr)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from vllm_mlx.models.loader import describe_models
+
+    loaded = _load(args.config)
+    rows = describe_models(loaded.settings, resolve=args.resolve)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            aliases = f" (aliases: {', '.join(row['aliases'])})" if row["aliases"] else ""
+            directory = row["directory"] or "(not downloaded yet)"
+            print(f"{row['name']}{aliases}\n  source: {row['source']}\n  directory: {directory}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"serve": cmd_serve, "check-config": cmd_check_config, "models": cmd_models}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

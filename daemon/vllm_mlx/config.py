@@ -1,0 +1,240 @@
+"""Settings: one frozen object built from YAML, environment and CLI flags.
+
+Precedence is CLI flags > environment (``VLLM_MLX_*``, nested with ``__``) > the YAML
+file > built-in defaults. Every field declares how a change to it is applied
+(``x-reload`` in the JSON schema): ``hot`` (applied to a running daemon at once),
+``model`` (needs the models reloaded, e.g. by SIGHUP) or ``restart`` (needs the
+listener rebound).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from vllm_mlx.models.sources import check_source
+
+ENV_PREFIX = "VLLM_MLX_"
+ENV_NESTED_DELIMITER = "__"
+
+# The parsed YAML file for the Settings being built right now. load_settings sets it;
+# a context variable keeps concurrent loads (the reloader, check-config) apart.
+current_file_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "current_file_data", default=None
+)
+
+
+class FileDataSource(PydanticBaseSettingsSource):
+    """The YAML file's data as a settings source, ranked below the environment."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return (current_file_data.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(current_file_data.get() or {})
+
+
+class Reload(enum.StrEnum):
+    """How a changed setting reaches a running daemon."""
+
+    HOT = "hot"
+    MODEL = "model"
+    RESTART = "restart"
+
+
+def setting(default: Any, reload: Reload, description: str, **kwargs: Any) -> Any:
+    """A field that documents itself and says how a change to it is applied."""
+    return Field(
+        default,
+        description=description,
+        json_schema_extra={"x-reload": reload.value},
+        **kwargs,
+    )
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(Section):
+    host: str = setting("127.0.0.1", Reload.RESTART, "Address to listen on.")
+    port: int = setting(8000, Reload.RESTART, "TCP port to listen on.", ge=1, le=65535)
+    timeout: float = setting(
+        600.0,
+        Reload.HOT,
+        "Upper bound in seconds on one request's total time; on expiry the generation is "
+        "aborted (504, or an error event on a stream).",
+        gt=0,
+    )
+
+
+class ModelSettings(Section):
+    name: str = setting(..., Reload.MODEL, "The id clients send as `model`.", min_length=1)
+    source: str = setting(
+        ...,
+        Reload.MODEL,
+        "Where the weights come from: a Hugging Face repo id (`org/name`), a local mlx-lm "
+        "model directory, a local `.gguf` file, or `builtin:smollm2-135m-instruct`.",
+        min_length=1,
+    )
+    aliases: list[str] = setting([], Reload.HOT, "Other ids that reach this model.")
+    revision: str | None = setting(
+        None, Reload.MODEL, "Hugging Face revision (branch, tag or commit) for hub sources."
+    )
+    context_length: int | None = setting(
+        None,
+        Reload.MODEL,
+        "Largest prompt + completion in tokens; default: the model's own maximum.",
+        gt=0,
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source_exists(cls, value: str) -> str:
+        check_source(value)
+        return value
+
+
+class EngineSettings(Section):
+    continuous_batching: bool = setting(
+        True,
+        Reload.MODEL,
+        "Batch concurrent requests into shared decode steps. When false, one sequence "
+        "runs at a time and the others queue (never refused).",
+    )
+    max_batch_size: int = setting(
+        16, Reload.MODEL, "Most sequences decoded together in one step.", ge=1, le=1024
+    )
+    prefill_batch_size: int = setting(
+        8, Reload.MODEL, "Most prompts processed together in one step.", ge=1, le=1024
+    )
+    prefill_step_size: int = setting(
+        512, Reload.MODEL, "Prompt tokens processed per step per prompt.", ge=16
+    )
+    stream_interval: int = setting(
+        1, Reload.HOT, "Tokens gathered before a streamed chunk is sent.", ge=1, le=1024
+    )
+
+
+class DefaultsSettings(Section):
+    """Sampling defaults for requests that do not set a value themselves."""
+
+    temperature: float = setting(0.7, Reload.HOT, "Sampling temperature.", ge=0, le=2)
+    top_p: float = setting(1.0, Reload.HOT, "Nucleus sampling mass.", gt=0, le=1)
+    top_k: int = setting(0, Reload.HOT, "Keep only the k most likely tokens (0 = off).", ge=0)
+    min_p: float = setting(0.0, Reload.HOT, "Minimum probability relative to the top.", ge=0, le=1)
+    repetition_penalty: float = setting(
+        1.0, Reload.HOT, "Multiplicative repetition penalty (1.0 = off).", gt=0
+    )
+    max_tokens: int = setting(
+        1024, Reload.HOT, "Tokens generated when a request does not say.", ge=1
+    )
+
+
+class LimitsSettings(Section):
+    max_request_tokens: int = setting(
+        32768,
+        Reload.HOT,
+        "Most new tokens one request may ask for; larger `max_tokens` values are lowered "
+        "to this (and to what the context has room for).",
+        ge=1,
+    )
+
+
+class LoggingSettings(Section):
+    level: Literal["debug", "info", "warning", "error"] = setting(
+        "info", Reload.HOT, "Least severe level written."
+    )
+    format: Literal["auto", "json", "console"] = setting(
+        "auto",
+        Reload.HOT,
+        "`json` lines, human `console` lines, or `auto`: console on a terminal, json "
+        "otherwise (launchd, journald).",
+    )
+
+
+class PathsSettings(Section):
+    cache_dir: Path | None = setting(
+        None,
+        Reload.MODEL,
+        "Where imported GGUF models are kept; default: the platform cache directory "
+        "(~/Library/Caches/vllm-mlx on macOS, $XDG_CACHE_HOME/vllm-mlx on Linux).",
+    )
+
+
+def _default_models() -> list[ModelSettings]:
+    return [
+        ModelSettings(
+            name="smollm2-135m-instruct",
+            source="builtin:smollm2-135m-instruct",
+            aliases=["default"],
+        )
+    ]
+
+
+class Settings(BaseSettings):
+    """The whole configuration of the daemon, frozen once built."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+        nested_model_default_partial_update=False,
+    )
+
+    server: ServerSettings = setting(ServerSettings(), Reload.HOT, "Listener and request bounds.")
+    models: list[ModelSettings] = Field(
+        default_factory=_default_models,
+        description="The models served, each with its name, source and aliases.",
+        json_schema_extra={"x-reload": Reload.MODEL.value},
+        min_length=1,
+    )
+    engine: EngineSettings = setting(EngineSettings(), Reload.HOT, "Batching and streaming.")
+    defaults: DefaultsSettings = setting(DefaultsSettings(), Reload.HOT, "Sampling defaults.")
+    limits: LimitsSettings = setting(LimitsSettings(), Reload.HOT, "Per-request bounds.")
+    logging: LoggingSettings = setting(LoggingSettings(), Reload.HOT, "Log level and format.")
+    paths: PathsSettings = setting(PathsSettings(), Reload.MODEL, "Where files are kept.")
+
+    @model_validator(mode="after")
+    def _unique_model_ids(self) -> Settings:
+        seen: dict[str, str] = {}
+        for model in self.models:
+            for model_id in (model.name, *model.aliases):
+                if model_id in seen:
+                    raise ValueError(
+                        f"model id {model_id!r} is used by both {seen[model_id]!r} and "
+                        f"{model.name!r}; names and aliases must be unique"
+                    )
+                seen[model_id] = model.name
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # init_settings carries the CLI flags: CLI > env > file > defaults.
+        return (init_settings, env_settings, FileDataSource(settings_cls))
+
+    def resolved_cache_dir(self) -> Path:
+        if self.paths.cache_dir is not None:
+            return self.paths.cache_dir.expanduser()
+        return default_cache_dir()
+
+
+def default_cache_dir() -> Path:
+    if os.uname().sysname == "Darwin":
+        return Path.home() / "Library" / "Caches" / "vllm-mlx"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vllm-mlx"

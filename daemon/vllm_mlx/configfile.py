@@ -1,0 +1,230 @@
+"""Find, parse and validate `vllm-mlx.yaml`, with errors that name file, line and key path.
+
+`load_settings` is the one place a Settings object is built; `serve`, `check-config` and
+the hot reloader all go through it, so they agree on what a file means.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from vllm_mlx.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings, current_file_data
+
+CONFIG_FILE_NAME = "vllm-mlx.yaml"
+CONFIG_ENV_VAR = "VLLM_MLX_CONFIG"
+
+KeyPath = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in the configuration, located as precisely as its origin allows."""
+
+    key_path: str
+    message: str
+    origin: str  # the file path, "environment variable NAME", or "command line"
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = self.origin
+        if self.line is not None:
+            where += f":{self.line}:{self.column or 1}"
+        key = f" {self.key_path}:" if self.key_path else ""
+        return f"{where}:{key} {self.message}"
+
+
+@dataclass
+class ConfigError(Exception):
+    issues: list[ConfigIssue] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n".join(str(issue) for issue in self.issues)
+
+
+def platform_config_paths() -> list[Path]:
+    """Per-user then system locations searched after ./vllm-mlx.yaml."""
+    home = Path.home()
+    if sys.platform == "darwin":
+        return [
+            home / "Library" / "Application Support" / "vllm-mlx" / CONFIG_FILE_NAME,
+            Path("/Library/Application Support/vllm-mlx") / CONFIG_FILE_NAME,
+        ]
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    return [xdg / "vllm-mlx" / CONFIG_FILE_NAME, Path("/etc/vllm-mlx") / CONFIG_FILE_NAME]
+
+
+def find_config_file(explicit: str | Path | None = None) -> Path | None:
+    """--config, then $VLLM_MLX_CONFIG, then ./vllm-mlx.yaml, then the platform paths.
+
+    An explicitly named file must exist; the searched locations are optional.
+    """
+    named = explicit or os.environ.get(CONFIG_ENV_VAR)
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            origin = "--config" if explicit else f"environment variable {CONFIG_ENV_VAR}"
+            raise ConfigError([ConfigIssue("", f"config file {path} does not exist", origin)])
+        return path.resolve()
+    for candidate in [Path.cwd() / CONFIG_FILE_NAME, *platform_config_paths()]:
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+class _Positions:
+    """Line/column of every key and list item in a YAML document (1-based)."""
+
+    def __init__(self) -> None:
+        self.marks: dict[KeyPath, tuple[int, int]] = {}
+        self.duplicates: list[tuple[KeyPath, int, int]] = []
+
+    def walk(self, node: yaml.Node, path: KeyPath) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                child = (*path, key)
+                mark = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                if child in self.marks:
+                    self.duplicates.append((child, *mark))
+                self.marks[child] = mark
+                self.walk(value_node, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                child = (*path, index)
+                self.marks[child] = (item.start_mark.line + 1, item.start_mark.column + 1)
+                self.walk(item, child)
+
+    def locate(self, path: KeyPath) -> tuple[int, int] | None:
+        """The closest located ancestor (a missing key is reported at its parent)."""
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.marks:
+                return self.marks[path[:end]]
+        return None
+
+
+def format_key_path(path: Sequence[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def read_config_file(path: Path) -> tuple[dict[str, Any], _Positions]:
+    """Parse the YAML file; syntax errors and a non-mapping root become ConfigErrors."""
+    origin = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([ConfigIssue("", f"cannot read: {exc.strerror}", origin)]) from exc
+    positions = _Positions()
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        message = f"YAML syntax error: {exc.problem or exc}"
+        raise ConfigError([ConfigIssue("", message, origin, line, column)]) from exc
+    if data is None:
+        return {}, positions
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigIssue("", "the file must be a mapping of keys", origin, 1, 1)])
+    if node is not None:
+        positions.walk(node, ())
+    if positions.duplicates:
+        raise ConfigError(
+            [
+                ConfigIssue(format_key_path(p), "duplicate key", origin, line, col)
+                for p, line, col in positions.duplicates
+            ]
+        )
+    return data, positions
+
+
+def _env_var_for(path: KeyPath) -> str | None:
+    """The environment variable that set this key, if one did."""
+    for end in range(len(path), 0, -1):
+        parts = [str(p) for p in path[:end] if isinstance(p, str)]
+        name = ENV_PREFIX + ENV_NESTED_DELIMITER.join(parts).upper()
+        if name in os.environ:
+            return name
+    return None
+
+
+def _in_mapping(data: Mapping[str, Any], path: KeyPath) -> bool:
+    current: Any = data
+    for part in path:
+        if isinstance(current, Mapping) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and isinstance(part, int) and part < len(current):
+            current = current[part]
+        else:
+            return False
+    return True
+
+
+def _issues_from(
+    exc: ValidationError,
+    file_path: Path | None,
+    positions: _Positions,
+    cli: Mapping[str, Any],
+) -> list[ConfigIssue]:
+    issues = []
+    for error in exc.errors(include_url=False):
+        path: KeyPath = tuple(error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; see docs/configuration.md)"
+        key = format_key_path(path)
+        if cli and _in_mapping(cli, path[:1]) and _in_mapping(cli, path[:2]):
+            issues.append(ConfigIssue(key, message, "command line"))
+            continue
+        env_var = _env_var_for(path)
+        if env_var is not None:
+            issues.append(ConfigIssue(key, message, f"environment variable {env_var}"))
+            continue
+        where = positions.locate(path) if file_path else None
+        origin = str(file_path) if file_path else "built-in defaults"
+        line, column = where if where else (None, None)
+        issues.append(ConfigIssue(key, message, origin, line, column))
+    return issues
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    settings: Settings
+    path: Path | None
+
+
+def load_config(
+    config_path: str | Path | None = None,
+    cli_overrides: Mapping[str, Any] | None = None,
+) -> LoadedConfig:
+    """Build Settings from file, environment and CLI; raise ConfigError listing every issue."""
+    path = find_config_file(config_path)
+    data, positions = read_config_file(path) if path else ({}, _Positions())
+    cli = dict(cli_overrides or {})
+    token = current_file_data.set(data)
+    try:
+        settings = Settings(**cli)
+    except ValidationError as exc:
+        raise ConfigError(_issues_from(exc, path, positions, cli)) from exc
+    finally:
+        current_file_data.reset(token)
+    return LoadedConfig(settings, path)
+
+
+def load_settings(
+    config_path: str | Path | None = None,
+    cli_overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    return load_config(config_path, cli_overrides).settings

@@ -1,0 +1,100 @@
+"""The asyncio face of one loaded model: submit a request, iterate its events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_mlx.engine.scheduler import Scheduler, SchedulerConfig
+from vllm_mlx.engine.types import (
+    ContextLengthError,
+    EngineEvent,
+    EngineUnavailableError,
+    FinishReason,
+    GenerationRequest,
+    SequenceFinished,
+)
+
+
+@dataclass
+class LoadedModel:
+    """What a model source resolves to: weights in memory plus their tokenizer."""
+
+    name: str
+    model: Any  # mlx.nn.Module; kept opaque so this module needs no mlx import
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    context_length: int
+    directory: str
+    load_seconds: float = 0.0
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, config: SchedulerConfig) -> None:
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.context_length = loaded.context_length
+        self.eos_token_ids: set[int] = set(loaded.tokenizer.eos_token_ids)
+        self.scheduler = Scheduler(
+            loaded.model, self.eos_token_ids, config, name=f"engine-{loaded.name}"
+        )
+        self._accepting = False
+
+    def start(self) -> None:
+        self.scheduler.start()
+        self._accepting = True
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._accepting = False
+        self.scheduler.stop(timeout)
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> int:
+        """Raise when the prompt cannot fit; return max_tokens lowered to the room left."""
+        room = self.context_length - prompt_tokens
+        if room <= 0:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.context_length} tokens, "
+                f"but the prompt has {prompt_tokens} tokens."
+            )
+        return min(max_tokens, room)
+
+    async def events(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        """The engine's events for one request; leaving early aborts it at once."""
+        if not self._accepting:
+            raise EngineUnavailableError("the engine is not accepting requests")
+        if not request.prompt_tokens:
+            raise ContextLengthError("the prompt is empty")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+
+        def sink(event: EngineEvent) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        self.scheduler.submit(request, sink)
+        finished = False
+        try:
+            while True:
+                if request.deadline is None:
+                    event = await events.get()
+                else:
+                    remaining = request.deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(request.request_id)
+                    event = await asyncio.wait_for(events.get(), remaining)
+                if isinstance(event, SequenceFinished):
+                    finished = True
+                yield event
+                if finished:
+                    return
+        finally:
+            if not finished:
+                # Consumer left (disconnect, stop string, timeout): free the slot now.
+                with contextlib.suppress(Exception):
+                    self.scheduler.abort(request.request_id, FinishReason.ABORT)

@@ -1,0 +1,78 @@
+"""Per-request samplers and logits processors for a shared batch.
+
+Greedy requests share one sampler object so mlx-lm's BatchGenerator samples them in
+a single batched call; every other request gets its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    greedy_sampler,
+    make_logits_processors,
+)
+from mlx_lm.sample_utils import make_sampler as make_unseeded_sampler
+
+from vllm_mlx.engine.types import SamplingParams
+
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+def _filters(params: SamplingParams) -> list[Callable[[mx.array], mx.array]]:
+    filters: list[Callable[[mx.array], mx.array]] = []
+    if 0 < params.top_p < 1.0:
+        filters.append(lambda x: apply_top_p(x, params.top_p))
+    if params.min_p > 0:
+        filters.append(lambda x: apply_min_p(x, params.min_p))
+    if params.top_k > 0:
+        filters.append(lambda x: apply_top_k(x, params.top_k))
+    return filters
+
+
+def _seeded_sampler(params: SamplingParams, seed: int) -> Sampler:
+    """A sampler with its own PRNG stream: the same seed gives the same tokens,
+    whatever else shares the batch (the global mlx random state is shared)."""
+    key = mx.random.key(seed)
+    filters = _filters(params)
+    inverse_temp = 1.0 / params.temperature
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        key, step_key = mx.random.split(key)
+        for apply in filters:
+            logprobs = apply(logprobs)
+        return mx.random.categorical(logprobs * inverse_temp, key=step_key)
+
+    return sample
+
+
+def make_sampler(params: SamplingParams) -> Sampler:
+    if params.greedy:
+        return greedy_sampler
+    if params.seed is not None:
+        return _seeded_sampler(params, params.seed)
+    sampler: Sampler = make_unseeded_sampler(
+        temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=params.top_k
+    )
+    return sampler
+
+
+def make_processors(params: SamplingParams, max_tokens: int) -> list[LogitsProcessor]:
+    """OpenAI-style penalties look at every generated token, so the context is max_tokens."""
+    penalty = params.repetition_penalty
+    processors: list[LogitsProcessor] = make_logits_processors(
+        logit_bias=params.logit_bias or None,
+        repetition_penalty=None if penalty in (None, 1.0) else penalty,
+        repetition_context_size=max_tokens,
+        presence_penalty=params.presence_penalty or None,
+        presence_context_size=max_tokens,
+        frequency_penalty=params.frequency_penalty or None,
+        frequency_context_size=max_tokens,
+    )
+    return processors

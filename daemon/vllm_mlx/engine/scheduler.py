@@ -1,0 +1,254 @@
+"""The engine thread: the only code that touches a loaded model's mlx arrays.
+
+It owns an mlx-lm BatchGenerator (continuous batching) and talks to the asyncio side
+through a command queue in and one callback per request out. Each loop iteration it
+takes new commands, runs one generation step, and posts each request's new token ids
+in one event, so per-step work on this thread stays small.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from mlx_lm.generate import BatchGenerator
+
+from vllm_mlx.engine.sampling import make_processors, make_sampler
+from vllm_mlx.engine.types import (
+    EngineEvent,
+    FinishReason,
+    GenerationRequest,
+    PromptProcessed,
+    SequenceFinished,
+    TokensGenerated,
+)
+
+log = structlog.get_logger(__name__)
+
+EventSink = Callable[[EngineEvent], None]
+
+
+@dataclass
+class _Slot:
+    request: GenerationRequest
+    sink: EventSink
+    uid: int
+    phase: str = "queued"  # queued -> prefill -> generation
+    generated: int = 0
+    pending: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Add:
+    request: GenerationRequest
+    sink: EventSink
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+    reason: FinishReason
+    message: str
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+_Command = _Add | _Abort | _Stop
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 16
+    prefill_batch_size: int = 8
+    prefill_step_size: int = 512
+
+
+@dataclass
+class SchedulerStats:
+    steps_executed: int = 0
+    requests_finished: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model: Any,
+        eos_token_ids: set[int],
+        config: SchedulerConfig,
+        name: str = "engine",
+    ) -> None:
+        self._model = model
+        self._eos = eos_token_ids
+        self._config = config
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._slots: dict[int, _Slot] = {}
+        self._by_request: dict[str, _Slot] = {}
+        self._generator: BatchGenerator | None = None
+        self.stats = SchedulerStats()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # --- asyncio side (any thread) ---------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
+        self._commands.put(_Add(request, sink))
+
+    def abort(
+        self, request_id: str, reason: FinishReason = FinishReason.ABORT, message: str = ""
+    ) -> None:
+        self._commands.put(_Abort(request_id, reason, message))
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._commands.put(_Stop())
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """A racy but safe view of the live requests, for /v1/status."""
+        return [
+            {
+                "request_id": slot.request.request_id,
+                "phase": slot.phase,
+                "generated_tokens": slot.generated,
+                "max_tokens": slot.request.max_tokens,
+                "prompt_tokens": len(slot.request.prompt_tokens),
+            }
+            for slot in list(self._slots.values())
+        ]
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for s in list(self._slots.values()) if s.phase != "queued")
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(1 for s in list(self._slots.values()) if s.phase == "queued")
+
+    # --- engine thread -------------------------------------------------------------
+
+    def _make_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self._model,
+            stop_tokens=[[t] for t in sorted(self._eos)],
+            completion_batch_size=self._config.max_batch_size,
+            prefill_batch_size=min(self._config.prefill_batch_size, self._config.max_batch_size),
+            prefill_step_size=self._config.prefill_step_size,
+        )
+
+    def _run(self) -> None:
+        self._generator = self._make_generator()
+        while True:
+            if not self._take_commands(block=not self._slots):
+                break
+            if not self._slots:
+                continue
+            try:
+                self._step()
+            except Exception as exc:  # an mlx failure must not kill the thread
+                log.exception("engine step failed", error=str(exc))
+                self._fail_all(f"engine error: {exc}")
+        self._fail_all("the engine stopped", FinishReason.ABORT)
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply queued commands; False once asked to stop."""
+        try:
+            command = self._commands.get() if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(command, _Stop):
+                return False
+            if isinstance(command, _Add):
+                self._add(command)
+            else:
+                self._abort(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _add(self, command: _Add) -> None:
+        request = command.request
+        assert self._generator is not None
+        try:
+            (uid,) = self._generator.insert(
+                [request.prompt_tokens],
+                max_tokens=[request.max_tokens],
+                samplers=[make_sampler(request.sampling)],
+                logits_processors=[make_processors(request.sampling, request.max_tokens)],
+            )
+        except Exception as exc:
+            command.sink(SequenceFinished(FinishReason.ERROR, f"cannot schedule: {exc}"))
+            return
+        slot = _Slot(request, command.sink, uid)
+        self._slots[uid] = slot
+        self._by_request[request.request_id] = slot
+
+    def _abort(self, command: _Abort) -> None:
+        slot = self._by_request.get(command.request_id)
+        if slot is None:
+            return  # already finished
+        assert self._generator is not None
+        self._generator.remove([slot.uid])
+        self._finish(slot, SequenceFinished(command.reason, command.message))
+
+    def _finish(self, slot: _Slot, event: SequenceFinished) -> None:
+        if slot.pending:
+            slot.sink(TokensGenerated(slot.pending))
+            slot.pending = []
+        slot.sink(event)
+        self._slots.pop(slot.uid, None)
+        self._by_request.pop(slot.request.request_id, None)
+        self.stats.requests_finished += 1
+
+    def _step(self) -> None:
+        assert self._generator is not None
+        prompt_responses, generation_responses = self._generator.next()
+        self.stats.steps_executed += 1
+        now = time.monotonic()
+        for response in prompt_responses:
+            slot = self._slots.get(response.uid)
+            if slot is None:
+                continue
+            if slot.phase == "queued":
+                slot.phase = "prefill"
+            if response.end_of_prompt:
+                slot.phase = "generation"
+                self.stats.prompt_tokens += len(slot.request.prompt_tokens)
+                slot.sink(PromptProcessed(now))
+        finished: list[tuple[_Slot, str]] = []
+        for gen in generation_responses:
+            slot = self._slots.get(gen.uid)
+            if slot is None:
+                continue
+            slot.generated += 1
+            self.stats.generated_tokens += 1
+            if not (gen.finish_reason == "stop" and gen.token in self._eos):
+                slot.pending.append(gen.token)
+            if gen.finish_reason is not None:
+                finished.append((slot, gen.finish_reason))
+        for slot in self._slots.values():
+            if slot.pending:
+                slot.sink(TokensGenerated(slot.pending))
+                slot.pending = []
+        for slot, reason in finished:
+            self._finish(slot, SequenceFinished(FinishReason(reason)))
+
+    def _fail_all(self, message: str, reason: FinishReason = FinishReason.ERROR) -> None:
+        for slot in list(self._slots.values()):
+            self._finish(slot, SequenceFinished(reason, message))
+        if reason is FinishReason.ERROR:
+            # Start from a clean generator: the failed step may have left it inconsistent.
+            self._generator = self._make_generator()

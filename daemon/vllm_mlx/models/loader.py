@@ -1,0 +1,121 @@
+"""Resolve a configured model source to an mlx-lm directory and load it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from vllm_mlx.config import ModelSettings, Settings
+from vllm_mlx.engine.engine import LoadedModel
+from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
+
+log = structlog.get_logger(__name__)
+
+# Files an mlx-lm model needs; everything else in a hub repo (PyTorch weights,
+# ONNX exports, images) is skipped so downloads stay as small as the model.
+HUB_PATTERNS = [
+    "*.json",
+    "*.safetensors",
+    "*.jinja",
+    "*.txt",
+    "*.model",
+    "*.tiktoken",
+    "*.py",
+]
+
+DEFAULT_CONTEXT = 4096
+
+
+def resolve_model_dir(model: ModelSettings, cache_dir: Path) -> Path:
+    """The local mlx-lm directory for this model, importing or downloading as needed."""
+    source = classify_source(model.source)
+    if source.kind is SourceKind.LOCAL_DIR:
+        return source.path
+    if source.kind in (SourceKind.BUILTIN, SourceKind.GGUF_FILE):
+        from vllm_mlx.models.gguf import import_gguf
+
+        gguf = builtin_path(source.value) if source.kind is SourceKind.BUILTIN else source.path
+        return import_gguf(gguf, cache_dir)
+    from huggingface_hub import snapshot_download
+
+    # snapshot_download shows a progress bar and honours HF_HUB_OFFLINE / the HF cache.
+    return Path(
+        snapshot_download(source.value, revision=model.revision, allow_patterns=HUB_PATTERNS)
+    )
+
+
+def context_length_of(model_dir: Path, override: int | None) -> int:
+    if override is not None:
+        return override
+    config = json.loads((model_dir / "config.json").read_text())
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+        value = config.get(key) or config.get("text_config", {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_CONTEXT
+
+
+def load_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
+    started = time.monotonic()
+    model_dir = resolve_model_dir(model, cache_dir)
+    from mlx_lm.utils import load
+
+    weights, tokenizer = load(str(model_dir))[:2]
+    elapsed = time.monotonic() - started
+    log.info("model loaded", model=model.name, directory=str(model_dir), seconds=round(elapsed, 2))
+    return LoadedModel(
+        name=model.name,
+        model=weights,
+        tokenizer=tokenizer,
+        context_length=context_length_of(model_dir, model.context_length),
+        directory=str(model_dir),
+        load_seconds=elapsed,
+    )
+
+
+def describe_models(settings: Settings, resolve: bool = False) -> list[dict[str, Any]]:
+    """Configured models with their local directory (None when a hub model is not cached).
+
+    Local sources (builtin, GGUF, directories) always resolve: importing a GGUF is
+    local work. Hub models are only downloaded when `resolve` is true.
+    """
+    rows = []
+    cache_dir = settings.resolved_cache_dir()
+    for model in settings.models:
+        kind = classify_source(model.source).kind
+        directory: Path | None
+        if kind is SourceKind.HF_REPO and not resolve:
+            directory = _cached_hub_dir(model)
+        else:
+            directory = resolve_model_dir(model, cache_dir)
+        rows.append(
+            {
+                "name": model.name,
+                "aliases": list(model.aliases),
+                "source": model.source,
+                "kind": kind.value,
+                "directory": str(directory) if directory else None,
+            }
+        )
+    return rows
+
+
+def _cached_hub_dir(model: ModelSettings) -> Path | None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(
+            snapshot_download(
+                model.source,
+                revision=model.revision,
+                allow_patterns=HUB_PATTERNS,
+                local_files_only=True,
+            )
+        )
+    except LocalEntryNotFoundError:
+        return None
