@@ -41,7 +41,7 @@ class Daemon:
         self.config_path = loaded.path
         settings = loaded.settings
         self.registry = ModelRegistry(settings.models, scheduler_config(settings.engine))
-        self.state = ServerState(settings, self.registry)
+        self.state = ServerState(settings, self.registry, config_path=loaded.path)
         self.server = Server(
             create_app(self.state),
             address=settings.server.host,

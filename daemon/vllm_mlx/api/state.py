@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from vllm_mlx.config import Settings
 from vllm_mlx.engine.registry import ModelRegistry
@@ -15,3 +18,16 @@ class ServerState:
     settings: Settings
     registry: ModelRegistry
     draining: bool = False
+    config_path: Path | None = None
+    config_loaded_at: float = field(default_factory=time.time)
+    config_error: str | None = None  # the last rejected edit of the file, if any
+    pending_changes: list[str] = field(default_factory=list)  # need a reload (SIGHUP)
+
+    def config_status(self) -> dict[str, Any]:
+        """The config block of /v1/status."""
+        return {
+            "path": str(self.config_path) if self.config_path else None,
+            "loaded_at": self.config_loaded_at,
+            "last_error": self.config_error,
+            "pending_changes": list(self.pending_changes),
+        }

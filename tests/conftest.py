@@ -1,0 +1,155 @@
+"""Shared fixtures: a real daemon process started from a YAML file on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+STARTUP_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class DaemonProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    config_path: Path
+    log_path: Path
+    api_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Poll /health until 200 (a readiness condition, not a fixed sleep)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"daemon exited with {self.process.returncode}:\n{self.log_text()}"
+                )
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"daemon not healthy after {timeout}s:\n{self.log_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One GGUF import per test session, shared by every daemon."""
+    return tmp_path_factory.mktemp("model-cache")
+
+
+def base_config(port: int, cache_dir: Path) -> dict[str, Any]:
+    return {
+        "server": {"host": "127.0.0.1", "port": port},
+        "paths": {"cache_dir": str(cache_dir)},
+        "logging": {"format": "json"},
+    }
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def launch(
+    directory: Path,
+    cache_dir: Path,
+    config: dict[str, Any] | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> DaemonProcess:
+    """Write the YAML file and start `python -m vllm_mlx.cli serve --config FILE`."""
+    port = free_port()
+    settings = deep_merge(base_config(port, cache_dir), config or {})
+    config_path = directory / f"vllm-mlx-{port}.yaml"
+    config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
+    log_path = directory / f"daemon-{port}.log"
+    process_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    process_env.pop("VLLM_MLX_CONFIG", None)
+    command = [sys.executable, "-m", "vllm_mlx.cli", "serve", "--config", str(config_path)]
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [*command, *(args or [])], stdout=log_file, stderr=subprocess.STDOUT, env=process_env
+        )
+    return DaemonProcess(process, port, config_path, log_path)
+
+
+StartDaemon = Callable[..., DaemonProcess]
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path, model_cache_dir: Path) -> Iterator[StartDaemon]:
+    """Start daemons from YAML settings (merged over a test base); all stopped after the test."""
+    started: list[DaemonProcess] = []
+
+    def start(
+        config: dict[str, Any] | None = None,
+        *,
+        wait: bool = True,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> DaemonProcess:
+        daemon = launch(tmp_path, model_cache_dir, config, args, env)
+        started.append(daemon)
+        if wait:
+            daemon.wait_healthy()
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_daemon(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
+) -> Iterator[DaemonProcess]:
+    """One daemon with the default config for a whole test module (tests that change nothing)."""
+    daemon = launch(tmp_path_factory.mktemp("shared-daemon"), model_cache_dir)
+    try:
+        daemon.wait_healthy()
+        yield daemon
+    finally:
+        daemon.stop()
