@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from vllm_mlx.models.sources import check_source
@@ -202,10 +202,11 @@ class Settings(BaseSettings):
     logging: LoggingSettings = setting(LoggingSettings(), Reload.HOT, "Log level and format.")
     paths: PathsSettings = setting(PathsSettings(), Reload.MODEL, "Where files are kept.")
 
-    @model_validator(mode="after")
-    def _unique_model_ids(self) -> Settings:
+    @field_validator("models")
+    @classmethod
+    def _unique_model_ids(cls, models: list[ModelSettings]) -> list[ModelSettings]:
         seen: dict[str, str] = {}
-        for model in self.models:
+        for model in models:
             for model_id in (model.name, *model.aliases):
                 if model_id in seen:
                     raise ValueError(
@@ -213,7 +214,7 @@ class Settings(BaseSettings):
                         f"{model.name!r}; names and aliases must be unique"
                     )
                 seen[model_id] = model.name
-        return self
+        return models
 
     @classmethod
     def settings_customise_sources(
