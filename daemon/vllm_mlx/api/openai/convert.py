@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from vllm_mlx.api.chat_template import as_token_list, render_chat
 from vllm_mlx.api.errors import APIError, bad_request
 from vllm_mlx.api.openai.schema import (
     ChatCompletionRequest,
@@ -93,26 +94,12 @@ def template_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | Non
 
 
 def chat_prompt_tokens(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
-    kwargs = dict(request.chat_template_kwargs or {})
-    try:
-        tokens = tokenizer.apply_chat_template(
-            template_messages(request),
-            tools=template_tools(request),
-            add_generation_prompt=True,
-            tokenize=True,
-            **kwargs,
-        )
-    except APIError:
-        raise
-    except Exception as exc:  # template errors (jinja raise_exception, bad roles)
-        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
-    return _as_token_list(tokens)
-
-
-def _as_token_list(tokens: Any) -> list[int]:
-    if isinstance(tokens, dict) or hasattr(tokens, "input_ids"):
-        tokens = tokens["input_ids"]
-    return [int(t) for t in tokens]
+    return render_chat(
+        tokenizer,
+        template_messages(request),
+        template_tools(request),
+        request.chat_template_kwargs,
+    )
 
 
 def completion_prompt_tokens(tokenizer: Any, request: CompletionRequest) -> list[int]:
@@ -126,7 +113,7 @@ def completion_prompt_tokens(tokenizer: Any, request: CompletionRequest) -> list
     text: object = prompt[0] if isinstance(prompt, list) else prompt
     if not isinstance(text, str) or not text:
         raise bad_request("the prompt is empty", "prompt")
-    return _as_token_list(tokenizer.encode(text))
+    return as_token_list(tokenizer.encode(text))
 
 
 def usage_dict(usage: Usage) -> UsageDict:
