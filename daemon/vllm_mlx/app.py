@@ -8,6 +8,7 @@ from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
+from vllm_mlx.api.anthropic.routes import make_anthropic_router
 from vllm_mlx.api.openai.routes import make_openai_router
 from vllm_mlx.api.ops import health
 from vllm_mlx.api.state import ServerState
@@ -32,7 +33,7 @@ def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[An
 
 def create_app(state: ServerState) -> Litestar:
     return Litestar(
-        route_handlers=[health, make_openai_router()],
+        route_handlers=[health, make_openai_router(), make_anthropic_router()],
         state=State({"server": state}),
         exception_handlers={Exception: _plain_error},
         logging_config=None,

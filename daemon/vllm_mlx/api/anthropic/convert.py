@@ -1,0 +1,356 @@
+"""Anthropic wire <-> neutral records: prompts, stop reasons, errors, model cards.
+
+A Messages request becomes Hugging Face style chat messages (tool calls as objects,
+tool results as ``tool`` messages) rendered by the same ``render_chat`` the OpenAI
+adapter uses, so count_tokens and ``usage.input_tokens`` agree by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from vllm_mlx.api.anthropic.schema import (
+    DocumentBlock,
+    ErrorResponse,
+    ImageBlock,
+    InputMessage,
+    ModelInfo,
+    ModelList,
+    PromptFields,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    Tool,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from vllm_mlx.api.chat_template import render_chat
+from vllm_mlx.api.errors import APIError, bad_request
+from vllm_mlx.api.state import ServerState
+from vllm_mlx.engine.types import Finished, FinishReason
+from vllm_mlx.parsers.types import ToolSpec
+
+ANTHROPIC_VERSION_HEADER = "anthropic-version"
+
+ERROR_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "rate_limit": "rate_limit_error",
+    "unavailable": "overloaded_error",
+    "overloaded": "overloaded_error",
+    "timeout": "api_error",
+    "server_error": "api_error",
+}
+
+_ERROR_TYPES_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def error_type(error: APIError) -> str:
+    """The neutral kind decides; a kind this adapter does not know falls back to the status."""
+    if error.kind in ERROR_TYPES:
+        return ERROR_TYPES[error.kind]
+    fallback = "api_error" if error.status >= 500 else "invalid_request_error"
+    return _ERROR_TYPES_BY_STATUS.get(error.status, fallback)
+
+
+def error_body(error: APIError) -> ErrorResponse:
+    return {"type": "error", "error": {"type": error_type(error), "message": error.message}}
+
+
+# --- requests -> chat template -------------------------------------------------------
+
+
+@dataclass
+class ChatPrompt:
+    """Everything render_chat needs, plus what the output parser needs to know."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    continue_final: bool = False
+    tool_specs: list[ToolSpec] = field(default_factory=list)
+    thinking: bool = False
+
+
+def build_prompt(request: PromptFields) -> ChatPrompt:
+    offered = offered_tools(request)
+    messages = _conversation(request.messages)
+    continue_final = _is_prefill(messages)
+    system = "\n\n".join(
+        part for part in (_system_text(request), _tool_instruction(request, offered)) if part
+    )
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    kwargs: dict[str, Any] = {}
+    thinking = request.thinking is not None and request.thinking.type != "disabled"
+    if request.thinking is not None:
+        # Templates with a thinking switch (Qwen3 and kin) read enable_thinking.
+        kwargs["enable_thinking"] = thinking
+    return ChatPrompt(
+        messages=messages,
+        tools=[_template_tool(tool) for tool in offered] or None,
+        template_kwargs=kwargs,
+        continue_final=continue_final,
+        tool_specs=[ToolSpec(tool.name, tool.input_schema) for tool in offered],
+        thinking=thinking,
+    )
+
+
+def prompt_tokens(tokenizer: Any, prompt: ChatPrompt) -> list[int]:
+    return render_chat(
+        tokenizer,
+        prompt.messages,
+        prompt.tools,
+        prompt.template_kwargs,
+        continue_final_message=prompt.continue_final,
+    )
+
+
+def _system_text(request: PromptFields) -> str:
+    if request.system is None or isinstance(request.system, str):
+        return request.system or ""
+    return "\n".join(block.text for block in request.system)
+
+
+def offered_tools(request: PromptFields) -> list[Tool]:
+    """The tools the template sees, after tool_choice (there is no constrained decoding)."""
+    tools = list(request.tools or [])
+    for index, tool in enumerate(tools):
+        if tool.type not in (None, "custom"):
+            raise bad_request(
+                f"server tool '{tool.name}' (type '{tool.type}') is not available here; "
+                "only client tools with an input_schema are supported",
+                f"tools[{index}]",
+            )
+    choice = request.tool_choice
+    if choice is None or choice.type == "auto":
+        return tools
+    if choice.type == "none":
+        return []
+    if not tools:
+        raise bad_request(f"tool_choice '{choice.type}' needs at least one tool in 'tools'")
+    if choice.type == "any":
+        return tools
+    named = [tool for tool in tools if tool.name == choice.name]
+    if not named:
+        raise bad_request(
+            f"tool_choice names the tool '{choice.name}', which is not in 'tools'",
+            "tool_choice.name",
+        )
+    return named
+
+
+def _tool_instruction(request: PromptFields, offered: list[Tool]) -> str:
+    # Forced tool use is a prompt instruction, not a grammar: the model may still answer
+    # in text, which then comes back as a normal end_turn message.
+    choice = request.tool_choice
+    if choice is None or choice.type in ("auto", "none"):
+        return ""
+    if choice.type == "tool":
+        return f"You must respond by calling the tool '{offered[0].name}'."
+    return "You must respond by calling one of the provided tools."
+
+
+def _template_tool(tool: Tool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
+    if tool.description:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
+
+
+def _conversation(messages: list[InputMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    open_calls: dict[str, str] = {}  # tool_use id -> name, from the previous assistant turn
+    for index, message in enumerate(messages):
+        if message.role == "assistant":
+            item, open_calls = _assistant_message(message, index)
+            out.append(item)
+        else:
+            out.extend(_user_messages(message, index, open_calls))
+            open_calls = {}
+    return out
+
+
+def _is_prefill(messages: list[dict[str, Any]]) -> bool:
+    """A final assistant turn is a prefill the reply continues (Anthropic semantics)."""
+    if not messages or messages[-1]["role"] != "assistant":
+        return False
+    last = messages[-1]
+    if last.get("tool_calls"):
+        raise bad_request(
+            "the last message is an assistant turn with tool_use blocks; send their "
+            "tool_result blocks in a following user message",
+            f"messages[{len(messages) - 1}]",
+        )
+    if not last["content"]:
+        messages.pop()  # an empty prefill constrains nothing: answer a normal new turn
+        return False
+    return True
+
+
+def _unsupported(block: ImageBlock | DocumentBlock, where: str) -> APIError:
+    what = "images" if isinstance(block, ImageBlock) else "documents"
+    return bad_request(f"model does not accept {what}", where, "unsupported_content")
+
+
+def _assistant_message(message: InputMessage, index: int) -> tuple[dict[str, Any], dict[str, str]]:
+    if isinstance(message.content, str):
+        return {"role": "assistant", "content": message.content}, {}
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for position, block in enumerate(message.content):
+        where = f"messages[{index}].content[{position}]"
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            thinking.append(block.thinking)
+        elif isinstance(block, RedactedThinkingBlock):
+            continue  # opaque by definition: nothing a local model could read
+        elif isinstance(block, ToolUseBlock):
+            function = {"name": block.name, "arguments": block.input}
+            calls.append({"id": block.id, "type": "function", "function": function})
+        elif isinstance(block, ImageBlock | DocumentBlock):
+            raise _unsupported(block, where)
+        else:
+            raise bad_request("tool_result blocks belong in user messages", where)
+    item: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        item["tool_calls"] = calls
+    if thinking:
+        item["reasoning_content"] = "".join(thinking)  # the key HF templates read
+    return item, {call["id"]: call["function"]["name"] for call in calls}
+
+
+def _user_messages(
+    message: InputMessage, index: int, open_calls: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """Tool results become ``tool`` messages, followed by the user's own text, if any."""
+    if isinstance(message.content, str):
+        return [{"role": "user", "content": message.content}]
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for position, block in enumerate(message.content):
+        where = f"messages[{index}].content[{position}]"
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolResultBlock):
+            out.append(_tool_message(block, where, open_calls))
+        elif isinstance(block, ImageBlock | DocumentBlock):
+            raise _unsupported(block, where)
+        else:
+            raise bad_request(f"{block.type} blocks belong in assistant messages", where)
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _tool_message(
+    block: ToolResultBlock, where: str, open_calls: Mapping[str, str]
+) -> dict[str, Any]:
+    if block.tool_use_id not in open_calls:
+        raise bad_request(
+            f"tool_result block has tool_use_id '{block.tool_use_id}', but the previous "
+            "assistant message has no tool_use block with that id",
+            f"{where}.tool_use_id",
+        )
+    content = block.content
+    if content is None or isinstance(content, str):
+        text = content or ""
+    else:
+        parts: list[str] = []
+        for position, part in enumerate(content):
+            if isinstance(part, ImageBlock):
+                raise _unsupported(part, f"{where}.content[{position}]")
+            parts.append(part.text)
+        text = "\n".join(parts)
+    if block.is_error:
+        text = f"Error: {text}"
+    return {
+        "role": "tool",
+        "tool_call_id": block.tool_use_id,
+        "name": open_calls[block.tool_use_id],
+        "content": text,
+    }
+
+
+# --- engine results -> wire -----------------------------------------------------------
+
+
+def stop_reason(finished: Finished, used_tools: bool) -> str:
+    if finished.stop_sequence is not None:
+        return "stop_sequence"
+    if finished.reason is FinishReason.LENGTH:
+        return "max_tokens"
+    if used_tools or finished.reason is FinishReason.TOOL_CALLS:
+        return "tool_use"
+    return "end_turn"
+
+
+def failure(finished: Finished) -> APIError | None:
+    """The error a generation that did not complete normally is reported as."""
+    if finished.reason is FinishReason.ERROR:
+        return APIError(500, finished.message or "generation failed", "server_error")
+    if finished.reason is FinishReason.ABORT:
+        return APIError(503, finished.message or "generation was aborted", "unavailable")
+    return None
+
+
+# --- /v1/models in Anthropic's shape ---------------------------------------------------
+
+
+def wants_anthropic(headers: Mapping[str, str]) -> bool:
+    """Anthropic SDKs and Claude Code always send anthropic-version; OpenAI clients never."""
+    return ANTHROPIC_VERSION_HEADER in headers
+
+
+def _rfc3339(timestamp: int) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
+
+
+def model_infos(state: ServerState) -> list[ModelInfo]:
+    infos: list[ModelInfo] = []
+    for entry in state.registry.entries():
+        name = entry.settings.name
+        context = entry.engine.context_length if entry.engine is not None else None
+        for model_id in (name, *state.registry.aliases_of(name)):
+            infos.append(
+                {
+                    "type": "model",
+                    "id": model_id,
+                    "display_name": model_id,
+                    "created_at": _rfc3339(entry.created),
+                    "lifecycle": "active",
+                    "max_input_tokens": context,
+                }
+            )
+    return infos
+
+
+def model_list(state: ServerState) -> ModelList:
+    # Every served model fits in one page, so there is never a next page.
+    infos = model_infos(state)
+    return {
+        "data": infos,
+        "has_more": False,
+        "first_id": infos[0]["id"] if infos else None,
+        "last_id": infos[-1]["id"] if infos else None,
+    }
+
+
+def find_model(state: ServerState, model_id: str) -> ModelInfo | None:
+    return next((info for info in model_infos(state) if info["id"] == model_id), None)

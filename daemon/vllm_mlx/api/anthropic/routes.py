@@ -1,0 +1,158 @@
+"""Anthropic-compatible routes: /v1/messages and /v1/messages/count_tokens.
+
+Errors on these routes come back in Anthropic's shape ({"type": "error", ...}); the
+model listing is shared with the OpenAI router, which answers in Anthropic's shape
+when the request carries an anthropic-version header.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from litestar import Request, Response, Router, post
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+
+from vllm_mlx.api.anthropic import convert
+from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
+from vllm_mlx.api.anthropic.stream import Event, MessageBuilder
+from vllm_mlx.api.errors import APIError, to_api_error
+from vllm_mlx.api.generation import (
+    Target,
+    build_request,
+    resolve_target,
+    run,
+    sampling_params,
+)
+from vllm_mlx.api.openai.routes import parse_body, server_state
+from vllm_mlx.api.sse import SSE_HEADERS, named_event
+from vllm_mlx.engine.types import Finished, GenerationRequest, TextDelta
+from vllm_mlx.parsers.types import ContentDelta, ParserEvent, ReasoningDelta
+
+log = structlog.get_logger(__name__)
+
+ROUTE = "/v1/messages"
+
+Output = ParserEvent | Finished
+
+
+def anthropic_error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    if isinstance(exc, HTTPException):
+        kind = "invalid_request" if exc.status_code < 500 else "server_error"
+        error = APIError(exc.status_code, str(exc.detail), kind)
+    else:
+        error = to_api_error(exc)
+    if error.status >= 500 and error.status not in (503, 504):
+        log.exception("unhandled error", path=request.url.path)
+    return Response(convert.error_body(error), status_code=error.status, headers=error.headers)
+
+
+def _sse(event: Event) -> bytes:
+    # The SSE event name is always the payload's own type.
+    return named_event(event["type"], event)
+
+
+async def _output(target: Target, gen: GenerationRequest) -> AsyncIterator[Output]:
+    """The engine's text as parser events; tool-call and reasoning parsing plug in here."""
+    async for event in run(target, gen, ROUTE):
+        yield ContentDelta(event.text) if isinstance(event, TextDelta) else event
+
+
+async def _coalesced(events: AsyncIterator[Output], interval: int) -> AsyncIterator[Output]:
+    """Join runs of text (or thinking) deltas into one per `interval` tokens."""
+    pending: list[str] = []
+    kind: type[ContentDelta] | type[ReasoningDelta] = ContentDelta
+    async for event in events:
+        if isinstance(event, ContentDelta | ReasoningDelta):
+            if pending and not isinstance(event, kind):
+                yield kind("".join(pending))
+                pending = []
+            kind = type(event)
+            pending.append(event.text)
+            if len(pending) >= interval:
+                yield kind("".join(pending))
+                pending = []
+            continue
+        if pending:
+            yield kind("".join(pending))
+            pending = []
+        yield event
+
+
+async def _stream(
+    target: Target, gen: GenerationRequest, builder: MessageBuilder
+) -> AsyncIterator[bytes]:
+    for event in builder.start():
+        yield _sse(event)
+    interval = target.settings.engine.stream_interval
+    try:
+        async for output in _coalesced(_output(target, gen), interval):
+            if not isinstance(output, Finished):
+                for event in builder.feed(output):
+                    yield _sse(event)
+                continue
+            error = convert.failure(output)
+            if error is not None:
+                yield _sse(dict(convert.error_body(error)))
+                continue
+            for event in builder.finish(output):
+                yield _sse(event)
+    except Exception as exc:  # headers are sent: the error travels as an `error` event
+        yield _sse(dict(convert.error_body(to_api_error(exc))))
+
+
+async def _complete(
+    target: Target, gen: GenerationRequest, builder: MessageBuilder
+) -> dict[str, Any]:
+    finished: Finished | None = None
+    async for output in _output(target, gen):
+        if isinstance(output, Finished):
+            finished = output
+        else:
+            builder.feed(output)
+    if finished is None:
+        raise APIError(500, "generation ended without a result", "server_error")
+    error = convert.failure(finished)
+    if error is not None:
+        raise error
+    return builder.message(finished)
+
+
+@post("/messages", status_code=200)
+async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
+    body = await parse_body(request, MessagesRequest)
+    target = resolve_target(server_state(request), body.model)
+    prompt = convert.build_prompt(body)
+    tokens = convert.prompt_tokens(target.engine.tokenizer, prompt)
+    sampling = sampling_params(
+        target.settings, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k
+    )
+    gen = build_request(
+        target, f"msg_{uuid.uuid4().hex[:24]}", tokens, body.max_tokens, sampling, body.stop_tuple()
+    )
+    builder = MessageBuilder(gen.request_id, body.model, len(tokens))
+    if body.stream:
+        return Stream(
+            _stream(target, gen, builder), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    return Response(await _complete(target, gen, builder))
+
+
+@post("/messages/count_tokens", status_code=200)
+async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
+    """Exactly the prompt tokens /v1/messages would charge for the same request."""
+    body = await parse_body(request, CountTokensRequest)
+    target = resolve_target(server_state(request), body.model)
+    prompt = convert.build_prompt(body)
+    return {"input_tokens": len(convert.prompt_tokens(target.engine.tokenizer, prompt))}
+
+
+def make_anthropic_router() -> Router:
+    return Router(
+        path="/v1",
+        route_handlers=[create_message, count_tokens],
+        exception_handlers={Exception: anthropic_error_response},
+    )

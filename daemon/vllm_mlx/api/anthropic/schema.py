@@ -1,0 +1,171 @@
+"""Anthropic Messages wire types: request bodies (validated) and response shapes.
+
+Only what the Messages API defines lives here; turning these into engine requests and
+engine events into responses is convert.py's and stream.py's job.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_STOP_SEQUENCES = 16
+
+
+class _Wire(BaseModel):
+    # Clients send fields we do not use (cache_control, citations, service_tier...);
+    # they are accepted and ignored, as the hosted API ignores unknown hints.
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextBlock(_Wire):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(_Wire):
+    type: Literal["image"]
+    source: dict[str, Any] | None = None
+
+
+class DocumentBlock(_Wire):
+    type: Literal["document"]
+
+
+class ToolUseBlock(_Wire):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(_Wire):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] | None = (
+        None
+    )
+    is_error: bool | None = None
+
+
+class ThinkingBlock(_Wire):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(_Wire):
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+InputBlock = Annotated[
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock,
+    Field(discriminator="type"),
+]
+
+
+class InputMessage(_Wire):
+    role: Literal["user", "assistant"]
+    content: str | list[InputBlock]
+
+
+class Tool(_Wire):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    # Client tools have no type or "custom"; anything else is a hosted server tool.
+    type: str | None = None
+
+
+class ToolChoice(_Wire):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _name_for_tool(self) -> ToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError("tool_choice of type 'tool' needs the 'name' of a tool")
+        return self
+
+
+class ThinkingConfig(_Wire):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(None, ge=0)
+
+
+class PromptFields(_Wire):
+    """What shapes the prompt: shared by messages and count_tokens."""
+
+    model: str = Field(min_length=1)
+    messages: list[InputMessage]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _not_empty(cls, value: list[InputMessage]) -> list[InputMessage]:
+        if not value:
+            raise ValueError("at least one message is required")
+        return value
+
+
+class CountTokensRequest(PromptFields):
+    pass
+
+
+class MessagesRequest(PromptFields):
+    max_tokens: int = Field(ge=1)
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
+    metadata: dict[str, Any] | None = None  # accepted, unused (user_id for abuse tracking)
+
+    def stop_tuple(self) -> tuple[str, ...]:
+        return tuple(s for s in self.stop_sequences or () if s)
+
+
+# --- responses -----------------------------------------------------------------------
+
+
+class UsageDict(TypedDict):
+    input_tokens: int
+    output_tokens: int
+
+
+class ErrorDetail(TypedDict):
+    type: str
+    message: str
+
+
+class ErrorResponse(TypedDict):
+    type: Literal["error"]
+    error: ErrorDetail
+
+
+class ModelInfo(TypedDict):
+    type: Literal["model"]
+    id: str
+    display_name: str
+    created_at: str  # RFC 3339
+    lifecycle: Literal["active"]
+    max_input_tokens: int | None
+
+
+class ModelList(TypedDict):
+    data: list[ModelInfo]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
