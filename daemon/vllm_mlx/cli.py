@@ -1,9 +1,12 @@
-"""Command line: argument wiring only. `vllm-mlx serve | check-config | models`."""
+"""Command line: argument wiring only. `vllm-mlx serve | check-config | models | reload |
+service`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +15,8 @@ from typing import Any
 import yaml
 
 from vllm_mlx import __version__
-from vllm_mlx.configfile import ConfigError, LoadedConfig, load_config
+from vllm_mlx.config import Settings
+from vllm_mlx.configfile import CONFIG_ENV_VAR, ConfigError, LoadedConfig, load_config
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument(
         "--resolve", action="store_true", help="download/import models that are missing"
     )
+    reload = commands.add_parser(
+        "reload", help="make the running daemon reload its config, models included (SIGHUP)"
+    )
+    reload.add_argument("--config", help="the daemon's config file (to find its port)")
+    reload.add_argument("--port", type=int, help="the daemon's port (default: from the config)")
+    reload.add_argument("--pid", type=int, help="signal this process instead of looking it up")
+    from vllm_mlx.service import add_service_parser
+
+    add_service_parser(commands)
     return parser
 
 
@@ -105,13 +118,51 @@ def _load(path: str | None, overrides: dict[str, Any] | None = None) -> LoadedCo
         raise SystemExit(1) from exc
 
 
+def _config_source(explicit: str | None, loaded: LoadedConfig) -> Path | None:
+    """The config file as named, symlinks not followed: a reload reads through a link
+    that now points elsewhere."""
+    named = explicit or os.environ.get(CONFIG_ENV_VAR)
+    if named:
+        return Path(os.path.abspath(Path(named).expanduser()))
+    return loaded.path
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    overrides = _serve_overrides(args)
     loaded = _apply_served_name(
-        _load(args.config, _serve_overrides(args)), args.served_model_name, bool(args.model)
+        _load(args.config, overrides), args.served_model_name, bool(args.model)
     )
+    source = _config_source(args.config, loaded)
+
+    def reload_config() -> Settings:
+        # Exactly what serve did: the same file, environment and flags.
+        fresh = load_config(source, overrides)
+        return _apply_served_name(fresh, args.served_model_name, bool(args.model)).settings
+
     from vllm_mlx.daemon import run
 
-    run(loaded)
+    run(loaded, reload_config, source)
+    return 0
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    from vllm_mlx.lifecycle import find_daemon_pid
+
+    pid = args.pid
+    if pid is None:
+        settings = _load(args.config).settings
+        port = args.port or settings.server.port
+        try:
+            pid = find_daemon_pid(settings.resolved_cache_dir(), port)
+        except LookupError as exc:
+            print(f"error: {exc} (is it running? pass --pid or --port)", file=sys.stderr)
+            return 1
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except OSError as exc:
+        print(f"error: cannot signal pid {pid}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(f"reload requested (SIGHUP sent to pid {pid}); the daemon logs the result")
     return 0
 
 
@@ -141,7 +192,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"serve": cmd_serve, "check-config": cmd_check_config, "models": cmd_models}
+    from vllm_mlx.service import cmd_service
+
+    handlers = {
+        "serve": cmd_serve,
+        "check-config": cmd_check_config,
+        "models": cmd_models,
+        "reload": cmd_reload,
+        "service": cmd_service,
+    }
     return handlers[args.command](args)
 
 

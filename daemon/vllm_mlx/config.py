@@ -72,6 +72,15 @@ class ServerSettings(Section):
         "aborted (504, or an error event on a stream).",
         gt=0,
     )
+    drain_timeout: float = setting(
+        30.0,
+        Reload.HOT,
+        "On SIGTERM, seconds in-flight requests get to finish (new ones are refused with "
+        "503) before the rest are aborted and the daemon exits. Keep the service manager's "
+        "stop timeout above it (`vllm-mlx service install` does).",
+        ge=0,
+        le=3600,
+    )
 
 
 class ModelSettings(Section):

@@ -2,12 +2,25 @@
 
 Granian runs embedded rather than as worker processes: the engine thread that owns
 the model must live in the same process as the request handlers.
+
+Lifecycle (docs/operations.md): the config file is watched and hot settings applied as
+it changes (reload.py); SIGHUP reloads everything, loading new engines and a new
+listener beside the old ones and retiring those once their requests are done; SIGTERM
+or SIGINT drains (503 for new requests, in-flight ones get `server.drain_timeout`),
+then exits 0; a second one exits at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import structlog
 from granian.constants import Interfaces
@@ -15,14 +28,21 @@ from granian.server.embed import Server
 
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.app import create_app
-from vllm_mlx.config import EngineSettings, Settings
+from vllm_mlx.config import EngineSettings, ModelSettings, Reload, Settings
 from vllm_mlx.configfile import LoadedConfig
-from vllm_mlx.engine.registry import ModelRegistry
+from vllm_mlx.engine.engine import Engine, LoadedModel
+from vllm_mlx.engine.registry import ModelEntry, ModelRegistry
 from vllm_mlx.engine.scheduler import SchedulerConfig
+from vllm_mlx.lifecycle import RequestTracker, remove_pid_file, write_pid_file
 from vllm_mlx.logging import configure_logging
 from vllm_mlx.models.loader import load_model
+from vllm_mlx.reload import Change, Reloader, watch_config
 
 log = structlog.get_logger(__name__)
+
+# After the drain timeout the remaining generations are aborted; this is how long their
+# responses get to send that ending before the listener closes.
+ABORT_GRACE_S = 5.0
 
 
 def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
@@ -36,54 +56,254 @@ def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
     )
 
 
+@dataclass
+class Listener:
+    """One Granian server on one address; a reload that moves the address adds one."""
+
+    server: Server
+    task: asyncio.Task[None]
+    tag: str
+    retiring: bool = False
+
+
+def model_loader(settings: Settings) -> Callable[[ModelSettings], LoadedModel]:
+    cache_dir = settings.resolved_cache_dir()
+    return lambda model: load_model(model, cache_dir)
+
+
 class Daemon:
-    def __init__(self, loaded: LoadedConfig) -> None:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        reload_config: Callable[[], Settings] | None = None,
+        watch_path: Path | None = None,
+    ) -> None:
         self.config_path = loaded.path
+        self.watch_path = watch_path or loaded.path
         settings = loaded.settings
         self.registry = ModelRegistry(settings.models, scheduler_config(settings.engine))
         self.state = ServerState(settings, self.registry, config_path=loaded.path)
-        self.server = Server(
-            create_app(self.state),
-            address=settings.server.host,
-            port=settings.server.port,
-            interface=Interfaces.ASGINL,
-            log_enabled=False,
-            backlog=1024,
-        )
+        self.app = create_app(self.state)
+        self.tracker = RequestTracker()
+        self.reloader = Reloader(self.state, reload_config or (lambda: settings), self._apply_full)
+        self.listeners: list[Listener] = []
+        self.pid_file: Path | None = None
         self._stopping = False
+        self._loader_thread: threading.Thread | None = None
+        self._retired: list[Engine] = []  # engines swapped out, stopped once idle
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
     def settings(self) -> Settings:
         return self.state.settings
 
-    def _on_stop_signal(self, signum: int) -> None:
-        if self._stopping:
-            log.warning("second stop signal: exiting now", signal=signal.Signals(signum).name)
-            raise SystemExit(1)
-        self._stopping = True
-        log.info("stopping", signal=signal.Signals(signum).name)
-        self.state.draining = True
-        self.server.stop()
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        # Keep a reference: the loop holds tasks only weakly.
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
 
-    async def run(self) -> None:
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", error=repr(task.exception()))
+
+    def _listen(self, settings: Settings) -> Listener:
+        host, port = settings.server.host, settings.server.port
+        tag = f"{host}:{port}"
+        server = Server(
+            self.tracker.wrap(self.app, tag),
+            address=host,
+            port=port,
+            interface=Interfaces.ASGINL,
+            log_enabled=False,
+            backlog=1024,
+        )
+        listener = Listener(server, asyncio.create_task(server.serve()), tag)
+        self.listeners.append(listener)
+        return listener
+
+    # --- signals ---------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
-        cache_dir = self.settings.resolved_cache_dir()
-        self.registry.load_in_background(lambda model: load_model(model, cache_dir))
+        loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
+
+    def _on_stop_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._stopping:
+            log.warning("second stop signal: exiting now", signal=name)
+            sys.stdout.flush()
+            os._exit(1)  # at once: no drain, no cleanup that could hang
+        self._stopping = True
+        self.state.draining = True
+        log.info(
+            "draining",
+            signal=name,
+            in_flight=self.tracker.in_flight(),
+            timeout_s=self.settings.server.drain_timeout,
+        )
+        self._spawn(self._drain())
+
+    def _on_reload_signal(self) -> None:
+        if self._stopping:
+            log.info("reload ignored: shutting down")
+            return
+        log.info("reload requested", signal="SIGHUP")
+        self._spawn(self._full_reload())
+
+    # --- shutdown --------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Let in-flight requests finish (bounded), abort the rest, then stop listening.
+
+        Granian's stop may close busy connections, so it comes only once the tracker
+        says nothing is left to send.
+        """
+        timeout = self.settings.server.drain_timeout
+        if not await self.tracker.wait_idle(timeout):
+            log.warning("drain timeout: aborting requests", in_flight=self.tracker.in_flight())
+            await asyncio.to_thread(self._stop_engines)
+            await self.tracker.wait_idle(ABORT_GRACE_S)
+        log.info("drained", in_flight=self.tracker.in_flight())
+        for listener in self.listeners:
+            listener.server.stop()
+
+    def _stop_engines(self) -> None:
+        """End every generation (aborted) and free the models."""
+        self.registry.stop_all()
+        for engine in self._retired:
+            engine.stop()
+        self._retired.clear()
+
+    # --- full reload (SIGHUP) --------------------------------------------------------
+
+    async def _full_reload(self) -> None:
+        if self._loader_thread is not None:
+            # Engines still loading at startup would be written into replaced entries.
+            await asyncio.to_thread(self._loader_thread.join)
+        await self.reloader.reload_all()
+
+    async def _apply_full(self, new: Settings, changes: list[Change]) -> None:
+        """Load what changed beside what serves, then switch; raise to change nothing."""
+        kinds = {c.kind for c in changes}
+        entries: dict[str, ModelEntry] | None = None
+        if Reload.MODEL in kinds:
+            # A model-level key outside `models` (engine, paths) changes every engine.
+            reuse = all(c.key.startswith("models") for c in changes if c.kind is Reload.MODEL)
+            log.info("loading models for reload", models=[m.name for m in new.models])
+            entries = await asyncio.to_thread(
+                self.registry.prepare,
+                new.models,
+                scheduler_config(new.engine),
+                model_loader(new),
+                reuse,
+            )
+        try:
+            if Reload.RESTART in kinds:
+                await self._rebind(new)
+        except Exception:
+            if entries is not None:
+                self._discard(entries)
+            raise
+        if entries is not None:
+            self._swap_engines(entries, new)
+
+    def _discard(self, entries: dict[str, ModelEntry]) -> None:
+        serving = {id(e.engine) for e in self.registry.entries()}
+        for entry in entries.values():
+            if entry.engine is not None and id(entry.engine) not in serving:
+                entry.engine.stop()
+
+    def _swap_engines(self, entries: dict[str, ModelEntry], new: Settings) -> None:
+        mark = self.tracker.mark()
+        retired = self.registry.swap(entries, new.models, scheduler_config(new.engine))
+        self._retired.extend(retired)
+        log.info("models switched", models=list(entries), retiring=len(retired))
+        if retired:
+            self._spawn(self._retire_engines(retired, mark))
+
+    async def _retire_engines(self, engines: list[Engine], mark: int) -> None:
+        # Every request that could have picked an old engine arrived before the switch.
+        await self.tracker.wait_started_before(mark)
+        for engine in engines:
+            if engine in self._retired:
+                self._retired.remove(engine)
+                await asyncio.to_thread(engine.stop)
+        log.info("old model engines stopped", count=len(engines))
+
+    async def _rebind(self, new: Settings) -> None:
+        """Listen on the new address beside the old one; retire the old once idle."""
+        old = [listener for listener in self.listeners if not listener.retiring]
+        listener = self._listen(new)
+        await asyncio.sleep(0)  # the server binds in its task's first step
+        if listener.task.done():
+            self.listeners.remove(listener)
+            error = listener.task.exception()
+            raise RuntimeError(f"cannot listen on {listener.tag}: {error}")
+        log.info("listening", url=f"http://{listener.tag}")
+        for previous in old:
+            previous.retiring = True
+            self._spawn(self._retire_listener(previous, new.server.drain_timeout))
+        self._move_pid_file(new)
+
+    async def _retire_listener(self, listener: Listener, limit_s: float) -> None:
+        await self.tracker.wait_idle(limit_s, tag=listener.tag)
+        log.info("stopped listening", url=f"http://{listener.tag}")
+        listener.server.stop()
+
+    def _move_pid_file(self, new: Settings) -> None:
+        remove_pid_file(self.pid_file)
+        self.pid_file = write_pid_file(new.resolved_cache_dir(), new.server.port)
+
+    # --- main ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._install_signal_handlers()
+        settings = self.settings
+        self._loader_thread = self.registry.load_in_background(model_loader(settings))
+        self._listen(settings)
+        self.pid_file = write_pid_file(settings.resolved_cache_dir(), settings.server.port)
+        stop_watching = asyncio.Event()
+        if self.watch_path is not None:
+            self._spawn(watch_config(self.watch_path, self.reloader.reload_file, stop_watching))
         log.info(
             "listening",
-            url=f"http://{self.settings.server.host}:{self.settings.server.port}",
+            url=f"http://{settings.server.host}:{settings.server.port}",
             config=str(self.config_path) if self.config_path else "built-in defaults",
-            models=[m.name for m in self.settings.models],
+            models=[m.name for m in settings.models],
+            pid=os.getpid(),
+            pid_file=str(self.pid_file) if self.pid_file else None,
         )
         try:
-            await self.server.serve()
+            await self._serve()
         finally:
-            self.registry.stop_all()
+            stop_watching.set()
+            self._stop_engines()
+            remove_pid_file(self.pid_file)
             log.info("stopped")
 
+    async def _serve(self) -> None:
+        """Until every listener has stopped; one that stops unasked ends the daemon."""
+        while self.listeners:
+            tasks = [listener.task for listener in self.listeners]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for listener in [item for item in self.listeners if item.task in done]:
+                self.listeners.remove(listener)
+                listener.task.result()  # a listener that failed takes the daemon down
+                if not (self._stopping or listener.retiring):
+                    raise RuntimeError(f"the listener on {listener.tag} stopped unexpectedly")
 
-def run(loaded: LoadedConfig) -> None:
+
+def run(
+    loaded: LoadedConfig,
+    reload_config: Callable[[], Settings] | None = None,
+    watch_path: Path | None = None,
+) -> None:
+    """Serve until stopped. `reload_config` rebuilds Settings as `serve` did (same file,
+    environment and flags); `watch_path` is the file as named, before symlinks."""
     configure_logging(loaded.settings.logging)
-    asyncio.run(Daemon(loaded).run())
+    asyncio.run(Daemon(loaded, reload_config, watch_path).run())

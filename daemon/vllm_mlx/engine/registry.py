@@ -68,6 +68,59 @@ class ModelRegistry:
         thread.start()
         return thread
 
+    def prepare(
+        self,
+        models: Sequence[ModelSettings],
+        scheduler_config: SchedulerConfig,
+        loader: Loader,
+        reuse: bool = True,
+    ) -> dict[str, ModelEntry]:
+        """Running entries for `models`, loading only what changed (blocking).
+
+        A served model whose settings differ only in aliases keeps its engine (when
+        `reuse`); the others get a new engine while the current ones keep serving.
+        If any load fails, the engines started here are stopped and the error raised.
+        """
+        current = {e.settings.name: e for e in self._entries.values()}
+        entries: dict[str, ModelEntry] = {}
+        try:
+            for model in models:
+                old = current.get(model.name)
+                if reuse and old is not None and old.engine is not None and _same_model(old, model):
+                    entries[model.name] = ModelEntry(model, old.state, old.engine, "", old.created)
+                    continue
+                engine = Engine(loader(model), scheduler_config)
+                engine.start()
+                entries[model.name] = ModelEntry(model, LoadState.RUNNING, engine)
+        except Exception:
+            for name, entry in entries.items():
+                if entry.engine is not None and entry.engine is not _engine_of(current, name):
+                    entry.engine.stop()
+            raise
+        return entries
+
+    def swap(
+        self,
+        entries: dict[str, ModelEntry],
+        models: Sequence[ModelSettings],
+        scheduler_config: SchedulerConfig,
+    ) -> list[Engine]:
+        """Serve `entries` from now on; returns the engines no longer served.
+
+        Call it on the event loop: the two assignments happen between two requests.
+        The caller stops the returned engines once their in-flight requests are done.
+        """
+        kept = {id(e.engine) for e in entries.values() if e.engine is not None}
+        retired = [
+            e.engine
+            for e in self._entries.values()
+            if e.engine is not None and id(e.engine) not in kept
+        ]
+        self._entries = entries
+        self.set_aliases(models)
+        self.scheduler_config = scheduler_config
+        return retired
+
     def stop_all(self) -> None:
         for entry in self._entries.values():
             if entry.engine is not None:
@@ -87,3 +140,15 @@ class ModelRegistry:
     @property
     def ready(self) -> bool:
         return all(e.state is LoadState.RUNNING for e in self._entries.values())
+
+
+def _same_model(entry: ModelEntry, model: ModelSettings) -> bool:
+    """Same weights and limits: only hot fields (aliases) may differ."""
+    return entry.settings.model_copy(update={"aliases": []}) == model.model_copy(
+        update={"aliases": []}
+    )
+
+
+def _engine_of(entries: dict[str, ModelEntry], name: str) -> Engine | None:
+    entry = entries.get(name)
+    return entry.engine if entry is not None else None

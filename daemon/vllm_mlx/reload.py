@@ -1,0 +1,271 @@
+"""Hot reload: watch the config file, diff new Settings by `x-reload`, apply what can be.
+
+A change is sorted by the marker on the field it touches (config.py): `hot` changes are
+applied at once by swapping `ServerState.settings` (one reference assignment, so a
+request sees either the old or the new object, never a mix); `model` and `restart`
+changes are logged and listed in `ServerState.pending_changes` until a full reload
+(SIGHUP / `vllm-mlx reload`) applies them. A file that fails to load leaves the last
+good settings in place and sets `ServerState.config_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+import watchfiles
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from vllm_mlx.api.state import ServerState
+from vllm_mlx.config import Reload, Settings
+from vllm_mlx.configfile import ConfigError
+from vllm_mlx.logging import configure_logging
+
+log = structlog.get_logger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+# watchfiles groups events until none arrived for STEP_MS, at most DEBOUNCE_MS: an
+# editor's write-temp-then-rename burst becomes one reload, and a save applies in ~0.1 s.
+STEP_MS = 100
+DEBOUNCE_MS = 300
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed setting: its key path (`models[0].name`) and how it is applied."""
+
+    key: str
+    kind: Reload
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.kind.value})"
+
+
+def field_kind(info: FieldInfo) -> Reload:
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    marker = extra.get("x-reload")
+    # A field without a marker is treated as needing a restart: never applied by surprise.
+    return Reload(marker) if isinstance(marker, str) else Reload.RESTART
+
+
+def merge_hot(running: M, new: M, prefix: str = "") -> tuple[M, list[Change]]:
+    """`running` with the hot changes from `new` applied, and every change found.
+
+    Sections and lists of sections are compared item by item, so a hot key inside a
+    model entry (its aliases) applies even though the entry as a whole is `model`.
+    """
+    updates: dict[str, Any] = {}
+    changes: list[Change] = []
+    for name, info in type(running).model_fields.items():
+        old, new_value = getattr(running, name), getattr(new, name)
+        if old == new_value:
+            continue
+        key = f"{prefix}.{name}" if prefix else name
+        merged, found = _merge_value(old, new_value, field_kind(info), key)
+        changes.extend(found)
+        if merged is not old:
+            updates[name] = merged
+    return (running.model_copy(update=updates) if updates else running), changes
+
+
+def _merge_value(old: Any, new: Any, kind: Reload, key: str) -> tuple[Any, list[Change]]:
+    if isinstance(old, BaseModel) and type(old) is type(new):
+        return merge_hot(old, new, key)
+    if _same_shape_model_lists(old, new):
+        items: list[Any] = []
+        changes: list[Change] = []
+        for index, (old_item, new_item) in enumerate(zip(old, new, strict=True)):
+            merged, found = _merge_value(old_item, new_item, kind, f"{key}[{index}]")
+            items.append(merged)
+            changes.extend(found)
+        return items, changes
+    if kind is Reload.HOT:
+        return new, [Change(key, kind)]
+    return old, [Change(key, kind)]
+
+
+def _same_shape_model_lists(old: Any, new: Any) -> bool:
+    return (
+        isinstance(old, list)
+        and isinstance(new, list)
+        and len(old) == len(new)
+        and all(
+            isinstance(a, BaseModel) and type(a) is type(b) for a, b in zip(old, new, strict=True)
+        )
+    )
+
+
+SettingsListener = Callable[[Settings, Settings], None]
+FullApply = Callable[[Settings, list[Change]], Awaitable[None]]
+ResultHook = Callable[[bool], None]
+
+
+class Reloader:
+    """Applies a freshly loaded config to a running daemon's state.
+
+    `load` builds Settings exactly as `serve` did (file, environment, the same CLI
+    flags). `apply_full` is the daemon's part of a full reload (new engines, a new
+    listener); it raises to reject the reload. `on_result(success)` counts reloads for
+    metrics (`Metrics.config_reloaded`).
+    """
+
+    def __init__(
+        self,
+        state: ServerState,
+        load: Callable[[], Settings],
+        apply_full: FullApply,
+        on_result: ResultHook | None = None,
+    ) -> None:
+        self.state = state
+        self._load = load
+        self._apply_full = apply_full
+        self._on_result = on_result
+        self._listeners: list[SettingsListener] = []
+        self._lock = asyncio.Lock()
+        self._changed_during_full = False
+
+    def add_listener(self, listener: SettingsListener) -> None:
+        """Called with (previous, current) after every applied change, for state built
+        from settings that a per-request read of `state.settings` does not cover."""
+        self._listeners.append(listener)
+
+    def reload_file(self) -> list[Change] | None:
+        """Hot reload: apply hot changes, list the rest as pending. None when rejected."""
+        if self._lock.locked():
+            # A full reload is loading models; it re-reads the file when it is done.
+            self._changed_during_full = True
+            return None
+        new = self._try_load()
+        if new is None:
+            return None
+        merged, changes = merge_hot(self.state.settings, new)
+        self._install(merged, [c for c in changes if c.kind is Reload.HOT])
+        pending = [c for c in changes if c.kind is not Reload.HOT]
+        self.state.pending_changes = [str(c) for c in pending]
+        if pending:
+            log.warning(
+                "config changes pending a reload",
+                keys=self.state.pending_changes,
+                hint="send SIGHUP or run `vllm-mlx reload` to apply them",
+            )
+        self._count(True)
+        return changes
+
+    async def reload_all(self) -> list[Change] | None:
+        """Full reload (SIGHUP): every change, models and listener included."""
+        async with self._lock:
+            changes = await self._reload_all_locked()
+        if self._changed_during_full:
+            self._changed_during_full = False
+            self.reload_file()
+        return changes
+
+    async def _reload_all_locked(self) -> list[Change] | None:
+        new = self._try_load()
+        if new is None:
+            return None
+        _, changes = merge_hot(self.state.settings, new)
+        heavy = [c for c in changes if c.kind is not Reload.HOT]
+        if heavy:
+            try:
+                await self._apply_full(new, heavy)
+            except Exception as exc:
+                self._reject(f"reload failed: {exc}", [str(exc)])
+                return None
+        self._install(new, changes)
+        self.state.pending_changes = []
+        self._count(True)
+        return changes
+
+    def _try_load(self) -> Settings | None:
+        try:
+            return self._load()
+        except ConfigError as exc:
+            self._reject(str(exc), [str(issue) for issue in exc.issues])
+        except Exception as exc:  # an unreadable file must never take the daemon down
+            self._reject(f"cannot load the config: {exc}", [str(exc)])
+        return None
+
+    def _reject(self, message: str, issues: Sequence[str]) -> None:
+        self.state.config_error = message
+        log.error("config rejected; still serving the last good config", issues=list(issues))
+        self._count(False)
+
+    def _install(self, settings: Settings, changes: Sequence[Change]) -> None:
+        previous = self.state.settings
+        self.state.settings = settings  # the atomic swap every request reads once
+        self.state.config_error = None
+        self.state.config_loaded_at = time.time()
+        if settings.logging != previous.logging:
+            configure_logging(settings.logging)
+        if [m.aliases for m in settings.models] != [m.aliases for m in previous.models]:
+            self.state.registry.set_aliases(settings.models)
+        for listener in self._listeners:
+            listener(previous, settings)
+        if changes:
+            log.info("config applied", keys=[c.key for c in changes])
+
+    def _count(self, success: bool) -> None:
+        if self._on_result is not None:
+            self._on_result(success)
+
+
+def watched_dirs(path: Path) -> set[Path]:
+    """The directories whose entries decide what `path` reads: its own, and for each
+    symlink on the way to the real file, that link's (a re-pointed link, e.g. a
+    Kubernetes ConfigMap's `..data`, shows up there and nowhere else)."""
+    dirs: set[Path] = set()
+    current = Path(os.path.abspath(path))
+    for _ in range(40):  # the kernel's own symlink hop limit
+        dirs.add(current.parent)
+        for parent in current.parents:
+            if parent.is_symlink():
+                dirs.add(parent.parent)
+        if not current.is_symlink():
+            break
+        current = Path(os.path.normpath(current.parent / os.readlink(current)))
+    dirs.add(Path(os.path.realpath(path)).parent)
+    return {d for d in dirs if d.is_dir()}
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+async def watch_config(path: Path, on_change: Callable[[], object], stop: asyncio.Event) -> None:
+    """Call `on_change` whenever the bytes behind `path` change, until `stop` is set.
+
+    Whole directories are watched, not the file: an editor that saves by writing a new
+    file and renaming it over the old one replaces the inode a file watch would follow.
+    Events for other files in those directories cost one read and a compare.
+    """
+    last = _read(path)
+    while not stop.is_set():
+        dirs = watched_dirs(path)
+        async for _ in watchfiles.awatch(
+            *dirs,
+            watch_filter=None,
+            step=STEP_MS,
+            debounce=DEBOUNCE_MS,
+            stop_event=stop,
+            recursive=False,
+        ):
+            current = _read(path)
+            if current != last:
+                last = current
+                on_change()
+            if watched_dirs(path) != dirs:
+                break  # a link now points elsewhere: watch the new directories
+        else:
+            return
