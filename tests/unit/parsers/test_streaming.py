@@ -169,3 +169,17 @@ def test_plain_prose_streams_through_every_parser(name: str) -> None:
     assert all(isinstance(e, ContentDelta) for e in events)
     assert collect_events(events).content == text
     assert parser.parse(text).content == text
+
+
+def test_model_ids_are_kept_where_the_template_expects_them_back() -> None:
+    kimi = get_tool_call_parser("kimi")(None).parse(
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0"
+        '<|tool_call_argument_begin|>{"timezone": "UTC"}<|tool_call_end|>'
+        "<|tool_calls_section_end|>"
+    )
+    assert [c.id for c in kimi.tool_calls] == ["functions.get_time:0"]
+    mistral = get_tool_call_parser("mistral")(None)
+    with_id = mistral.parse('[TOOL_CALLS][{"name": "f", "arguments": {}, "id": "a1B2c3D4e"}]')
+    assert [c.id for c in with_id.tool_calls] == ["a1B2c3D4e"]
+    fresh = mistral.parse("[TOOL_CALLS]f[ARGS]{}").tool_calls[0].id
+    assert len(fresh) == 9 and fresh.isalnum()
