@@ -13,6 +13,7 @@ from litestar.exceptions import HTTPException
 from litestar.response import Stream
 from pydantic import BaseModel
 
+from vllm_mlx.api.anthropic import convert as anthropic_convert
 from vllm_mlx.api.errors import APIError, bad_request, model_not_found, to_api_error
 from vllm_mlx.api.generation import (
     Target,
@@ -77,14 +78,24 @@ def model_cards(state: ServerState) -> list[ModelCard]:
 
 
 @get("/models")
-async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    return {"object": "list", "data": model_cards(server_state(request))}
+async def list_models(request: Request[Any, Any, Any]) -> Any:
+    state = server_state(request)
+    if anthropic_convert.wants_anthropic(request.headers):  # Anthropic SDK, Claude Code
+        return anthropic_convert.model_list(state)
+    return {"object": "list", "data": model_cards(state)}
 
 
 @get("/models/{model_id:path}")
-async def get_model(request: Request[Any, Any, Any], model_id: str) -> ModelCard:
+async def get_model(request: Request[Any, Any, Any], model_id: str) -> Any:
     model_id = model_id.lstrip("/")
-    for card in model_cards(server_state(request)):
+    state = server_state(request)
+    if anthropic_convert.wants_anthropic(request.headers):
+        info = anthropic_convert.find_model(state, model_id)
+        if info is not None:
+            return info
+        body = anthropic_convert.error_body(model_not_found(model_id))
+        return Response(body, status_code=404)
+    for card in model_cards(state):
         if card["id"] == model_id:
             return card
     raise model_not_found(model_id)
