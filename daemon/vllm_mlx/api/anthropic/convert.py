@@ -121,8 +121,6 @@ def prompt_tokens(tokenizer: Any, prompt: ChatPrompt) -> list[int]:
 
 
 def _system_text(request: PromptFields) -> str:
-    if request.system is None or isinstance(request.system, str):
-        return request.system or ""
     return "\n".join(block.text for block in request.system)
 
 
@@ -204,12 +202,11 @@ def _is_prefill(messages: list[dict[str, Any]]) -> bool:
 
 def _unsupported(block: ImageBlock | DocumentBlock, where: str) -> APIError:
     what = "images" if isinstance(block, ImageBlock) else "documents"
-    return bad_request(f"model does not accept {what}", where, "unsupported_content")
+    # Anthropic errors have no param field: the location goes into the message.
+    return bad_request(f"{where}: model does not accept {what}", where, "unsupported_content")
 
 
 def _assistant_message(message: InputMessage, index: int) -> tuple[dict[str, Any], dict[str, str]]:
-    if isinstance(message.content, str):
-        return {"role": "assistant", "content": message.content}, {}
     texts: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -227,7 +224,7 @@ def _assistant_message(message: InputMessage, index: int) -> tuple[dict[str, Any
         elif isinstance(block, ImageBlock | DocumentBlock):
             raise _unsupported(block, where)
         else:
-            raise bad_request("tool_result blocks belong in user messages", where)
+            raise bad_request(f"{where}: tool_result blocks belong in user messages", where)
     item: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         item["tool_calls"] = calls
@@ -240,8 +237,6 @@ def _user_messages(
     message: InputMessage, index: int, open_calls: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """Tool results become ``tool`` messages, followed by the user's own text, if any."""
-    if isinstance(message.content, str):
-        return [{"role": "user", "content": message.content}]
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     for position, block in enumerate(message.content):
@@ -253,7 +248,7 @@ def _user_messages(
         elif isinstance(block, ImageBlock | DocumentBlock):
             raise _unsupported(block, where)
         else:
-            raise bad_request(f"{block.type} blocks belong in assistant messages", where)
+            raise bad_request(f"{where}: {block.type} blocks belong in assistant messages", where)
     if texts or not out:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
@@ -264,20 +259,16 @@ def _tool_message(
 ) -> dict[str, Any]:
     if block.tool_use_id not in open_calls:
         raise bad_request(
-            f"tool_result block has tool_use_id '{block.tool_use_id}', but the previous "
+            f"{where}: tool_result block has tool_use_id '{block.tool_use_id}', but the previous "
             "assistant message has no tool_use block with that id",
             f"{where}.tool_use_id",
         )
-    content = block.content
-    if content is None or isinstance(content, str):
-        text = content or ""
-    else:
-        parts: list[str] = []
-        for position, part in enumerate(content):
-            if isinstance(part, ImageBlock):
-                raise _unsupported(part, f"{where}.content[{position}]")
-            parts.append(part.text)
-        text = "\n".join(parts)
+    parts: list[str] = []
+    for position, part in enumerate(block.content):
+        if isinstance(part, ImageBlock):
+            raise _unsupported(part, f"{where}.content[{position}]")
+        parts.append(part.text)
+    text = "\n".join(parts)
     if block.is_error:
         text = f"Error: {text}"
     return {

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 MAX_STOP_SEQUENCES = 16
 
@@ -40,11 +47,23 @@ class ToolUseBlock(_Wire):
     input: dict[str, Any] = Field(default_factory=dict)
 
 
+def _as_blocks(value: Any) -> Any:
+    """A string is shorthand for one text block.
+
+    Validating one shape (a list) instead of a ``str | list`` union keeps error
+    messages about the block that is wrong, not about "not a valid string".
+    """
+    return [{"type": "text", "text": value}] if isinstance(value, str) else value
+
+
+ToolResultContent = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+
+
 class ToolResultBlock(_Wire):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
-    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] | None = (
-        None
+    content: Annotated[list[ToolResultContent], BeforeValidator(_as_blocks)] = Field(
+        default_factory=list
     )
     is_error: bool | None = None
 
@@ -74,7 +93,7 @@ InputBlock = Annotated[
 
 class InputMessage(_Wire):
     role: Literal["user", "assistant"]
-    content: str | list[InputBlock]
+    content: Annotated[list[InputBlock], BeforeValidator(_as_blocks)]
 
 
 class Tool(_Wire):
@@ -107,7 +126,7 @@ class PromptFields(_Wire):
 
     model: str = Field(min_length=1)
     messages: list[InputMessage]
-    system: str | list[TextBlock] | None = None
+    system: Annotated[list[TextBlock], BeforeValidator(_as_blocks)] = Field(default_factory=list)
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
