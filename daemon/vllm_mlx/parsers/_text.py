@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # `regex` (a dependency of transformers and mlx-lm's own parsers) supports partial
@@ -30,31 +30,64 @@ def balanced_end(text: str, pos: int, quotes: str = '"') -> int | None:
     an opening bracket or a closer does not match. Brackets inside strings (quoted
     with any of ``quotes``) are ignored, backslash escapes included.
     """
-    if pos >= len(text):
-        return None
-    if text[pos] not in _OPENERS:
-        return MALFORMED
-    stack: list[str] = []
-    quote = ""
-    skip = -1
-    for match in _SIGNIFICANT.finditer(text, pos):
-        at, char = match.start(), match.group()
-        if at == skip:
-            continue
-        if quote:
-            if char == "\\":
-                skip = at + 1
-            elif char == quote:
-                quote = ""
-        elif char in quotes:
-            quote = char
-        elif char in _OPENERS:
-            stack.append(_OPENERS[char])
-        elif char in ")]}":
-            if not stack or stack.pop() != char:
+    return BracketScanner().end(text, pos, quotes)
+
+
+@dataclass
+class _Scan:
+    text: str
+    at: int
+    stack: list[str] = field(default_factory=list)
+    quote: str = ""
+    skip: int = -1
+    result: int | None = None
+
+
+class BracketScanner:
+    """balanced_end that resumes where it stopped when called again on a longer text.
+
+    A streaming region is rescanned after every token until it closes; resuming keeps
+    that linear, not quadratic, in the length of a call's arguments.
+    """
+
+    def __init__(self) -> None:
+        self._scans: dict[tuple[int, str], _Scan] = {}
+
+    def end(self, text: str, pos: int, quotes: str = '"') -> int | None:
+        scan = self._scans.get((pos, quotes))
+        if scan is None or not text.startswith(scan.text):
+            if pos >= len(text):
+                return None
+            if text[pos] not in _OPENERS:
                 return MALFORMED
-            if not stack:
-                return int(at) + 1
+            if len(self._scans) >= 16:
+                self._scans.clear()  # old regions' scans; a region uses only a few
+            scan = self._scans[(pos, quotes)] = _Scan(text, pos)
+        if scan.result is None:
+            scan.result = _advance(scan, text, quotes)
+            scan.text, scan.at = text, len(text)
+        return scan.result
+
+
+def _advance(scan: _Scan, text: str, quotes: str) -> int | None:
+    for match in _SIGNIFICANT.finditer(text, scan.at):
+        at, char = int(match.start()), match.group()
+        if at == scan.skip:
+            continue
+        if scan.quote:
+            if char == "\\":
+                scan.skip = at + 1
+            elif char == scan.quote:
+                scan.quote = ""
+        elif char in quotes:
+            scan.quote = char
+        elif char in _OPENERS:
+            scan.stack.append(_OPENERS[char])
+        elif char in ")]}":
+            if not scan.stack or scan.stack.pop() != char:
+                return MALFORMED
+            if not scan.stack:
+                return at + 1
     return None
 
 

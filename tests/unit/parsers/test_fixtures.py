@@ -14,7 +14,7 @@ from vllm_mlx.parsers import tool_call_parser_names
 from .fixtures import CASES, FIXTURES, Case, split, stream_summary, summary
 
 FAST = settings(
-    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 ids = [case.id for case in CASES]
 

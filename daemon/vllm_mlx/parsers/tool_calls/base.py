@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from vllm_mlx.parsers._text import StartPatterns, WhitespaceTrim, marker_region
+from vllm_mlx.parsers._text import BracketScanner, StartPatterns, WhitespaceTrim, marker_region
 from vllm_mlx.parsers.types import (
     ContentDelta,
     ParsedOutput,
@@ -79,6 +79,8 @@ class ToolCallParser:
         self._at_start = True
         self._content = WhitespaceTrim()
         self._calls = 0
+        self.scanner = BracketScanner()
+        """Formats whose calls end with a bracket find that end with this."""
 
     # -- the format's hooks ------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import regex
 
-from vllm_mlx.parsers._text import MALFORMED, balanced_end, loads, regex_step, skip_space
+from vllm_mlx.parsers._text import MALFORMED, loads, regex_step, skip_space
 from vllm_mlx.parsers.tool_calls.base import RawCall, Region, ToolCallParser
 
 RECIPIENT = ">>>"
@@ -40,7 +40,7 @@ class FunctionaryToolCallParser(ToolCallParser):
         if header.group(1) == "all":
             return header.end(), []  # the recipient marker of plain text: drop it
         start = skip_space(text, header.end())
-        end = balanced_end(text, start)
+        end = self.scanner.end(text, start)
         if end is None:
             return None
         if end == MALFORMED:

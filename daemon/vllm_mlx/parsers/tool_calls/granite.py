@@ -11,7 +11,7 @@ Granite 3 has no closing marker: the region ends where the JSON array closes.
 
 from __future__ import annotations
 
-from vllm_mlx.parsers._text import MALFORMED, balanced_end, skip_space, strip_markers
+from vllm_mlx.parsers._text import MALFORMED, skip_space, strip_markers
 from vllm_mlx.parsers.tool_calls._shared import json_text_calls
 from vllm_mlx.parsers.tool_calls.base import RawCall, ToolCallParser
 
@@ -27,7 +27,7 @@ class GraniteToolCallParser(ToolCallParser):
     def find_end(self, text: str, *, final: bool) -> int | None:
         if not text.startswith(GRANITE3):
             return super().find_end(text, final=final)
-        end = balanced_end(text, skip_space(text, len(GRANITE3)))
+        end = self.scanner.end(text, skip_space(text, len(GRANITE3)))
         return len(GRANITE3) if end == MALFORMED else end
 
     def parse_region(self, region: str) -> list[RawCall] | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import regex
 
-from vllm_mlx.parsers._text import MALFORMED, balanced_end, loads, regex_step, skip_space
+from vllm_mlx.parsers._text import MALFORMED, loads, regex_step, skip_space
 from vllm_mlx.parsers.tool_calls._shared import json_calls, mlx_calls
 from vllm_mlx.parsers.tool_calls.base import RawCall, Region, ToolCallParser
 
@@ -44,7 +44,7 @@ class LlamaToolCallParser(ToolCallParser):
         objects: list[str] = []
         start, end = pos, pos
         while True:
-            close = balanced_end(text, start)
+            close = self.scanner.end(text, start)
             if close is None:
                 return None
             if close == MALFORMED:
@@ -68,7 +68,7 @@ class LlamaToolCallParser(ToolCallParser):
         return end, calls
 
     def _pythonic(self, text: str, pos: int, final: bool, wrapped: bool) -> Region | None:
-        end = balanced_end(text, pos, quotes="\"'")
+        end = self.scanner.end(text, pos, quotes="\"'")
         if end is None:
             return None
         if end == MALFORMED:

@@ -20,7 +20,7 @@ import string
 
 import regex
 
-from vllm_mlx.parsers._text import MALFORMED, balanced_end, regex_step, skip_space
+from vllm_mlx.parsers._text import MALFORMED, BracketScanner, regex_step, skip_space
 from vllm_mlx.parsers.tool_calls._shared import mlx_calls
 from vllm_mlx.parsers.tool_calls.base import RawCall, Region, ToolCallParser
 
@@ -37,7 +37,7 @@ class MistralToolCallParser(ToolCallParser):
     start_markers = (MARKER,)
 
     def take_region(self, text: str, *, at_start: bool, final: bool) -> Region | None:
-        scanned = _scan(text, final)
+        scanned = _scan(text, final, self.scanner)
         if scanned is None:
             return None
         end, body = scanned
@@ -51,13 +51,13 @@ class MistralToolCallParser(ToolCallParser):
         return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
 
 
-def _scan(text: str, final: bool) -> tuple[int, str | None] | None:
+def _scan(text: str, final: bool, scanner: BracketScanner) -> tuple[int, str | None] | None:
     """(end, body in mlx-lm's syntax or None if malformed); None: wait for more."""
     pos = skip_space(text, len(MARKER))
     if pos == len(text):
         return None
     if text[pos] == "[":
-        end = balanced_end(text, pos)
+        end = scanner.end(text, pos)
         if end is None:
             return None
         return (len(MARKER), None) if end == MALFORMED else (end, text[pos:end])
@@ -67,7 +67,7 @@ def _scan(text: str, final: bool) -> tuple[int, str | None] | None:
         step = regex_step(pattern, text, pos, final)
         if step == "wait":
             return None
-        end = MALFORMED if step is None else balanced_end(text, step.end() - 1)
+        end = MALFORMED if step is None else scanner.end(text, step.end() - 1)
         if end is None:
             return None
         if end == MALFORMED:

@@ -14,7 +14,7 @@ text answer may end with the array; ``[{"name"`` marks it there.
 
 from __future__ import annotations
 
-from vllm_mlx.parsers._text import MALFORMED, balanced_end, marker_region, skip_space
+from vllm_mlx.parsers._text import MALFORMED, marker_region, skip_space
 from vllm_mlx.parsers.tool_calls._shared import json_text_calls
 from vllm_mlx.parsers.tool_calls.base import Region, ToolCallParser
 
@@ -38,7 +38,7 @@ class XlamToolCallParser(ToolCallParser):
             body_start, body_end = len(FENCE), (end or 0) - len(FENCE)
         else:
             body_start = skip_space(text, len(TOOL_CALLS) if text.startswith(TOOL_CALLS) else 0)
-            end = balanced_end(text, body_start)
+            end = self.scanner.end(text, body_start)
             if end == MALFORMED:
                 return max(body_start, 1), None
             body_end = end or 0
