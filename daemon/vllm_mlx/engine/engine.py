@@ -75,7 +75,9 @@ class Engine:
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
         def sink(event: EngineEvent) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            # Events can trail an abort; by then the consumer (or its loop) may be gone.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(events.put_nowait, event)
 
         self.scheduler.submit(request, sink)
         finished = False
