@@ -79,8 +79,9 @@ class ToolCallParser:
         self._at_start = True
         self._content = WhitespaceTrim()
         self._calls = 0
+        # Shared by the formats whose calls end at a closing bracket, so that each
+        # rescan of a growing region resumes instead of starting over.
         self.scanner = BracketScanner()
-        """Formats whose calls end with a bracket find that end with this."""
 
     # -- the format's hooks ------------------------------------------------------------
 
