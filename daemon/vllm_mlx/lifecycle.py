@@ -21,6 +21,7 @@ Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 PID_FILE_TEMPLATE = "vllm-mlx-{port}.pid"
+SYSTEM_RUN_DIR = Path("/var/run/vllm-mlx" if sys.platform == "darwin" else "/run/vllm-mlx")
 
 
 class RequestTracker:
@@ -92,12 +93,11 @@ def pid_dirs(cache_dir: Path) -> list[Path]:
         dirs.append(Path(runtime.split(":")[0]))
     if xdg := os.environ.get("XDG_RUNTIME_DIR"):
         dirs.append(Path(xdg) / "vllm-mlx")
-    system_run = Path("/var/run/vllm-mlx" if sys.platform == "darwin" else "/run/vllm-mlx")
     if os.geteuid() == 0:
-        dirs.append(system_run)
+        dirs.append(SYSTEM_RUN_DIR)
     dirs.append(cache_dir / "run")
-    if system_run not in dirs:
-        dirs.append(system_run)  # searched by `reload` for a system service's daemon
+    if SYSTEM_RUN_DIR not in dirs:
+        dirs.append(SYSTEM_RUN_DIR)  # searched by `reload` for a system service's daemon
     return dirs
 
 
@@ -133,16 +133,33 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def _read_pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if process_alive(pid) else None
+
+
 def find_daemon_pid(cache_dir: Path, port: int) -> int:
-    """The pid of the running daemon on `port`; LookupError saying where it looked."""
-    looked: list[str] = []
-    for directory in pid_dirs(cache_dir):
-        path = directory / PID_FILE_TEMPLATE.format(port=port)
-        looked.append(str(path))
-        try:
-            pid = int(path.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if process_alive(pid):
+    """The pid of the running daemon on `port`; LookupError saying where it looked.
+
+    When no daemon runs on `port` (the file names a new port that only a reload would
+    apply) but exactly one daemon is running, that one is meant.
+    """
+    dirs = pid_dirs(cache_dir)
+    name = PID_FILE_TEMPLATE.format(port=port)
+    for directory in dirs:
+        if (pid := _read_pid(directory / name)) is not None:
             return pid
-    raise LookupError(f"no running daemon for port {port}; looked for {', '.join(looked)}")
+    running = {
+        pid
+        for directory in dirs
+        for path in sorted(directory.glob(PID_FILE_TEMPLATE.format(port="*")))
+        if (pid := _read_pid(path)) is not None
+    }
+    if len(running) == 1:
+        return running.pop()
+    found = f"; daemons running: pids {sorted(running)}" if running else ""
+    looked = ", ".join(str(d / name) for d in dirs)
+    raise LookupError(f"no running daemon for port {port} (looked for {looked}){found}")

@@ -233,7 +233,9 @@ def watched_dirs(path: Path) -> set[Path]:
             break
         current = Path(os.path.normpath(current.parent / os.readlink(current)))
     dirs.add(Path(os.path.realpath(path)).parent)
-    return {d for d in dirs if d.is_dir()}
+    # inotify watches what a path resolves to; a symlinked directory is covered by its
+    # target (watched) and its own parent (where re-pointing it shows).
+    return {Path(os.path.realpath(d)) for d in dirs if d.is_dir()}
 
 
 def _read(path: Path) -> bytes | None:

@@ -34,6 +34,7 @@ UNIT = "vllm-mlx.service"  # systemd unit name
 # for aborted streams to end, then stopping the engines.
 STOP_GRACE_S = 15
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+ROOT = Path("/")  # system unit paths hang off it; tests pass a temporary directory
 
 
 def run_command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -159,7 +160,9 @@ def _write(path: Path, text: str) -> None:
 
 
 class Launchd:
-    def __init__(self, scope: Scope, home: Path, uid: int, run: Runner = run_command) -> None:
+    def __init__(
+        self, scope: Scope, home: Path, uid: int, run: Runner = run_command, root: Path = ROOT
+    ) -> None:
         self.scope = scope
         self.run = run
         if scope == "user":
@@ -167,9 +170,9 @@ class Launchd:
             self.domain = f"gui/{uid}"
             self.log_dir = home / "Library" / "Logs" / "vllm-mlx"
         else:
-            self.unit_path = Path("/Library/LaunchDaemons") / f"{LABEL}.plist"
+            self.unit_path = root / "Library" / "LaunchDaemons" / f"{LABEL}.plist"
             self.domain = "system"
-            self.log_dir = Path("/Library/Logs/vllm-mlx")
+            self.log_dir = root / "Library" / "Logs" / "vllm-mlx"
 
     def render(self, spec: ServiceSpec) -> str:
         return render_plist(spec, self.log_dir)
@@ -191,13 +194,15 @@ class Launchd:
 
 
 class Systemd:
-    def __init__(self, scope: Scope, config_home: Path, run: Runner = run_command) -> None:
+    def __init__(
+        self, scope: Scope, config_home: Path, run: Runner = run_command, root: Path = ROOT
+    ) -> None:
         self.scope = scope
         self.run = run
         if scope == "user":
             self.unit_path = config_home / "systemd" / "user" / UNIT
         else:
-            self.unit_path = Path("/etc/systemd/system") / UNIT
+            self.unit_path = root / "etc" / "systemd" / "system" / UNIT
         self.systemctl = ["systemctl", "--user"] if scope == "user" else ["systemctl"]
 
     def render(self, spec: ServiceSpec) -> str:
@@ -274,6 +279,10 @@ def service_config(scope: Scope, explicit: str | None) -> tuple[Path, bool]:
         path = Path(os.path.abspath(Path(explicit).expanduser()))
         if not path.is_file():
             raise ServiceError(f"config file {path} does not exist")
+        private_tmp = path.is_relative_to("/tmp") or path.is_relative_to("/var/tmp")
+        if scope == "system" and sys.platform.startswith("linux") and private_tmp:
+            # The system unit has PrivateTmp=yes: it would see an empty /tmp.
+            raise ServiceError(f"{path} is in a temporary directory the service cannot see")
         return path, False
     found = find_config_file()
     if found is not None:
