@@ -17,6 +17,8 @@ import yaml
 from vllm_mlx import __version__
 from vllm_mlx.config import Settings
 from vllm_mlx.configfile import CONFIG_ENV_VAR, ConfigError, LoadedConfig, load_config
+from vllm_mlx.parsers.reasoning import reasoning_parser_names
+from vllm_mlx.parsers.tool_calls import tool_call_parser_names
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -36,23 +38,40 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     put("limits", "max_request_tokens", args.max_request_tokens)
     put("engine", "stream_interval", args.stream_interval)
     put("engine", "continuous_batching", args.continuous_batching)
+    put("auth", "api_keys", args.api_key)
+    put("auth", "rate_limit", args.rate_limit)
+    put("metrics", "enabled", args.enable_metrics)
     result: dict[str, Any] = dict(out)
     if args.model:
         name = args.served_model_name or Path(args.model.rstrip("/")).name.removesuffix(".gguf")
         if args.model.startswith("builtin:"):
             name = args.served_model_name or args.model.removeprefix("builtin:")
-        result["models"] = [{"name": name, "source": args.model, "aliases": ["default"]}]
+        model = {"name": name, "source": args.model, "aliases": ["default"]}
+        result["models"] = [{**model, **_model_flags(args)}]
     return result
 
 
+def _model_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-model flags that were given (parser names are checked by argparse choices)."""
+    flags = {
+        "enable_auto_tool_choice": args.enable_auto_tool_choice,
+        "tool_call_parser": args.tool_call_parser,
+        "reasoning_parser": args.reasoning_parser,
+    }
+    return {key: value for key, value in flags.items() if value is not None}
+
+
 def _apply_served_name(
-    loaded: LoadedConfig, served_name: str | None, had_model: bool
+    loaded: LoadedConfig, served_name: str | None, had_model: bool, args: argparse.Namespace
 ) -> LoadedConfig:
-    """--served-model-name without MODEL renames the first configured model."""
-    if not served_name or had_model:
+    """Without MODEL, --served-model-name and the parser flags apply to the first model."""
+    updates = _model_flags(args)
+    if served_name:
+        updates["name"] = served_name
+    if not updates or had_model:
         return loaded
     settings = loaded.settings
-    first = settings.models[0].model_copy(update={"name": served_name})
+    first = type(settings.models[0]).model_validate({**settings.models[0].model_dump(), **updates})
     renamed = settings.model_copy(update={"models": [first, *settings.models[1:]]})
     return LoadedConfig(renamed, loaded.path)
 
@@ -70,7 +89,29 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-temperature", type=float)
     parser.add_argument("--default-top-p", type=float)
     parser.add_argument("--stream-interval", type=int, help="tokens per streamed chunk")
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        default=None,
+        help="parse tool calls from the output (needs --tool-call-parser)",
+    )
+    parser.add_argument("--tool-call-parser", choices=tool_call_parser_names())
+    parser.add_argument("--reasoning-parser", choices=reasoning_parser_names())
     parser.add_argument("--timeout", type=float, help="request timeout in seconds")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        help="require this API key on /v1 routes (repeat for several; replaces auth.api_keys)",
+    )
+    parser.add_argument(
+        "--rate-limit", type=int, help="requests per minute per client on /v1 routes (0 = off)"
+    )
+    parser.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        default=None,
+        help="serve Prometheus metrics at /metrics",
+    )
     parser.add_argument(
         "--continuous-batching",
         action=argparse.BooleanOptionalAction,
@@ -130,14 +171,14 @@ def _config_source(explicit: str | None, loaded: LoadedConfig) -> Path | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     overrides = _serve_overrides(args)
     loaded = _apply_served_name(
-        _load(args.config, overrides), args.served_model_name, bool(args.model)
+        _load(args.config, overrides), args.served_model_name, bool(args.model), args
     )
     source = _config_source(args.config, loaded)
 
     def reload_config() -> Settings:
         # Exactly what serve did: the same file, environment and flags.
         fresh = load_config(source, overrides)
-        return _apply_served_name(fresh, args.served_model_name, bool(args.model)).settings
+        return _apply_served_name(fresh, args.served_model_name, bool(args.model), args).settings
 
     from vllm_mlx.daemon import run
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from vllm_mlx.models.sources import check_source
@@ -81,6 +81,12 @@ class ServerSettings(Section):
         ge=0,
         le=3600,
     )
+    cors_origins: list[str] = setting(
+        [],
+        Reload.HOT,
+        "Browser origins allowed to call the API (CORS), e.g. `https://app.example.com`, "
+        "or `*` for any; empty: no CORS headers are sent.",
+    )
 
 
 class ModelSettings(Section):
@@ -103,11 +109,53 @@ class ModelSettings(Section):
         gt=0,
     )
 
+    enable_auto_tool_choice: bool = setting(
+        False,
+        Reload.HOT,
+        "Parse tool calls out of the model's output (needs `tool_call_parser`). Without it, "
+        "requests with tools still render them in the chat template, but calls come back "
+        "as plain content.",
+    )
+    tool_call_parser: str | None = setting(
+        None, Reload.HOT, "Tool-call format of this model (docs/tool-calling.md lists them)."
+    )
+    reasoning_parser: str | None = setting(
+        None, Reload.HOT, "Reasoning format of this model: `qwen3` or `deepseek_r1`."
+    )
+
     @field_validator("source")
     @classmethod
     def _source_exists(cls, value: str) -> str:
         check_source(value)
         return value
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_parser(cls, value: str | None) -> str | None:
+        from vllm_mlx.parsers.tool_calls import tool_call_parser_names
+
+        if value is not None and value not in tool_call_parser_names():
+            raise ValueError(
+                f"unknown tool_call_parser {value!r}; valid: {', '.join(tool_call_parser_names())}"
+            )
+        return value
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, value: str | None) -> str | None:
+        from vllm_mlx.parsers.reasoning import reasoning_parser_names
+
+        if value is not None and value not in reasoning_parser_names():
+            raise ValueError(
+                f"unknown reasoning_parser {value!r}; valid: {', '.join(reasoning_parser_names())}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _auto_tool_choice_needs_parser(self) -> ModelSettings:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (e.g. `auto`)")
+        return self
 
 
 class EngineSettings(Section):
@@ -153,6 +201,41 @@ class LimitsSettings(Section):
         "Most new tokens one request may ask for; larger `max_tokens` values are lowered "
         "to this (and to what the context has room for).",
         ge=1,
+    )
+
+
+class AuthSettings(Section):
+    api_keys: list[str] = setting(
+        [],
+        Reload.HOT,
+        "Keys accepted on every /v1 route, sent as `Authorization: Bearer KEY` or "
+        "`x-api-key: KEY`; empty: the API is open.",
+    )
+    rate_limit: int = setting(
+        0,
+        Reload.HOT,
+        "Requests per minute per client on /v1 routes (the API key when one is sent, else "
+        "the peer address); over it: 429 with Retry-After. 0 = off.",
+        ge=0,
+    )
+    metrics_require_key: bool = setting(
+        False,
+        Reload.HOT,
+        "Require an API key on /metrics too (it is open by default, like /health).",
+    )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, value: list[str]) -> list[str]:
+        for key in value:
+            if not key or key != key.strip() or any(c.isspace() for c in key):
+                raise ValueError("API keys must be non-empty and contain no whitespace")
+        return value
+
+
+class MetricsSettings(Section):
+    enabled: bool = setting(
+        False, Reload.HOT, "Serve Prometheus metrics at GET /metrics (404 when off)."
     )
 
 
@@ -208,6 +291,8 @@ class Settings(BaseSettings):
     engine: EngineSettings = setting(EngineSettings(), Reload.HOT, "Batching and streaming.")
     defaults: DefaultsSettings = setting(DefaultsSettings(), Reload.HOT, "Sampling defaults.")
     limits: LimitsSettings = setting(LimitsSettings(), Reload.HOT, "Per-request bounds.")
+    auth: AuthSettings = setting(AuthSettings(), Reload.HOT, "API keys and rate limits.")
+    metrics: MetricsSettings = setting(MetricsSettings(), Reload.HOT, "Prometheus metrics.")
     logging: LoggingSettings = setting(LoggingSettings(), Reload.HOT, "Log level and format.")
     paths: PathsSettings = setting(PathsSettings(), Reload.MODEL, "Where files are kept.")
 

@@ -4,18 +4,34 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 
 import structlog
 
 from vllm_mlx.api.errors import APIError, model_not_found
 from vllm_mlx.api.state import ServerState
-from vllm_mlx.config import Settings
+from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.output import OutputEvent, RequestTrace, generate_text
 from vllm_mlx.engine.registry import LoadState
-from vllm_mlx.engine.types import Finished, GenerationRequest, SamplingParams
+from vllm_mlx.engine.types import (
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    TextDelta,
+)
+from vllm_mlx.metrics import Metrics, RequestMetrics
+from vllm_mlx.parsers.pipeline import OutputParser, make_output_parser
+from vllm_mlx.parsers.reasoning import get_reasoning_parser
+from vllm_mlx.parsers.types import (
+    ContentDelta,
+    ReasoningDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+    ToolSpec,
+)
 
 log = structlog.get_logger("vllm_mlx.requests")
 
@@ -27,6 +43,8 @@ class Target:
     model_id: str
     engine: Engine
     settings: Settings
+    name: str = ""  # the served model's name (model_id may be an alias)
+    metrics: Metrics | None = None
 
 
 def resolve_target(state: ServerState, model_id: str) -> Target:
@@ -40,7 +58,11 @@ def resolve_target(state: ServerState, model_id: str) -> Target:
         raise APIError(
             503, f"model '{model_id}' is {entry.state.value}", "unavailable", code="model_not_ready"
         )
-    return Target(model_id, entry.engine, settings)
+    scheduler = entry.engine.scheduler
+    if scheduler.on_step is None:
+        # Steps only happen for submitted requests, so hooking here misses none.
+        scheduler.on_step = state.metrics.step_hook(entry.settings.name)
+    return Target(model_id, entry.engine, settings, entry.settings.name, state.metrics)
 
 
 def new_request_id(prefix: str) -> str:
@@ -84,12 +106,15 @@ def build_request(
     max_tokens: int | None,
     sampling: SamplingParams,
     stop: tuple[str, ...],
+    timeout: float | None = None,
 ) -> GenerationRequest:
+    """`timeout` (the request's own) may lower server.timeout, never raise it."""
     settings = target.settings
     wanted = settings.defaults.max_tokens if max_tokens is None else max_tokens
     wanted = min(wanted, settings.limits.max_request_tokens)
     allowed = target.engine.check_fits(len(prompt_tokens), wanted)
     now = time.monotonic()
+    limit = settings.server.timeout if timeout is None else min(timeout, settings.server.timeout)
     return GenerationRequest(
         request_id=request_id,
         prompt_tokens=prompt_tokens,
@@ -97,28 +122,43 @@ def build_request(
         sampling=sampling,
         stop=stop,
         arrived_at=now,
-        deadline=now + settings.server.timeout,
+        deadline=now + limit,
     )
 
 
 async def run(target: Target, request: GenerationRequest, route: str) -> AsyncIterator[OutputEvent]:
-    """generate_text plus the one log line per request."""
+    """generate_text plus the one log line per request and its metrics."""
     trace = RequestTrace(request.request_id, request.arrived_at)
+    observed = _request_metrics(target, request)
     status = 499  # the consumer left before the end (client disconnect)
     finished: Finished | None = None
     try:
         async for event in generate_text(target.engine, request, trace):
             if isinstance(event, Finished):
                 finished, status = event, 200
+                if observed is not None:
+                    observed.finished(trace, event.reason.value, time.monotonic())
+            elif observed is not None:
+                observed.update(trace)
             yield event
     except TimeoutError:
         status = 504
+        if observed is not None:
+            observed.aborted(trace, "timeout")
         raise
     except Exception:
         status = 500
         raise
     finally:
+        if status == 499 and observed is not None:
+            observed.aborted(trace, "client_disconnect")
         _log_request(target, request, trace, finished, status, route)
+
+
+def _request_metrics(target: Target, request: GenerationRequest) -> RequestMetrics | None:
+    if target.metrics is None:
+        return None
+    return target.metrics.request(target.name or target.model_id, len(request.prompt_tokens))
 
 
 def _log_request(
@@ -142,3 +182,61 @@ def _log_request(
         ttft_s=round(ttft, 4) if ttft is not None else None,
         duration_s=round(time.monotonic() - request.arrived_at, 4),
     )
+
+
+# --- parsed output: reasoning, content and tool calls, for both protocols -------------
+
+ParsedEvent = ContentDelta | ReasoningDelta | ToolCallStart | ToolCallArgumentsDelta | Finished
+
+
+def model_settings_of(target: Target) -> ModelSettings | None:
+    """The model's current settings (parser choices hot-reload, so not the load-time copy)."""
+    name = target.name or target.model_id
+    return next((m for m in target.settings.models if m.name == name), None)
+
+
+def output_parser_for(
+    target: Target, request: GenerationRequest, tools: Sequence[ToolSpec] | None
+) -> OutputParser | None:
+    """The parser chain for one request; `tools` is None when no tools were offered.
+
+    Tool calls are parsed only when the model enables auto tool choice (like vLLM);
+    otherwise a model's calls come back as plain content.
+    """
+    model = model_settings_of(target)
+    if model is None:
+        return None
+    tool_parser = (
+        model.tool_call_parser if model.enable_auto_tool_choice and tools is not None else None
+    )
+    if tool_parser is None and model.reasoning_parser is None:
+        return None
+    opens = False
+    if model.reasoning_parser is not None:
+        tail = target.engine.tokenizer.decode(request.prompt_tokens[-16:])
+        opens = get_reasoning_parser(model.reasoning_parser).prompt_opens_reasoning(tail)
+    return make_output_parser(tool_parser, model.reasoning_parser, tools, opens)
+
+
+async def run_parsed(
+    target: Target, request: GenerationRequest, route: str, parser: OutputParser | None
+) -> AsyncIterator[ParsedEvent]:
+    """`run` with the text split into reasoning, content and tool calls.
+
+    The final Finished says TOOL_CALLS when the model stopped after calling tools.
+    """
+    called = False
+    async for event in run(target, request, route):
+        if isinstance(event, TextDelta):
+            items = parser.feed(event.text) if parser else [ContentDelta(event.text)]
+        else:
+            items = parser.finish() if parser else []
+        for item in items:
+            if isinstance(item, ContentDelta | ReasoningDelta) and not item.text:
+                continue
+            called = called or isinstance(item, ToolCallStart)
+            yield item
+        if isinstance(event, Finished):
+            if called and event.reason is FinishReason.STOP:
+                event = replace(event, reason=FinishReason.TOOL_CALLS)
+            yield event

@@ -30,6 +30,8 @@ class LoadedModel:
     context_length: int
     directory: str
     load_seconds: float = 0.0
+    # Test-only `replay:` sources: every request's output is forced to these tokens.
+    forced_tokens: tuple[int, ...] | None = None
 
 
 class Engine:
@@ -39,7 +41,11 @@ class Engine:
         self.context_length = loaded.context_length
         self.eos_token_ids: set[int] = set(loaded.tokenizer.eos_token_ids)
         self.scheduler = Scheduler(
-            loaded.model, self.eos_token_ids, config, name=f"engine-{loaded.name}"
+            loaded.model,
+            self.eos_token_ids,
+            config,
+            name=f"engine-{loaded.name}",
+            forced_tokens=loaded.forced_tokens,
         )
         self._accepting = False
 

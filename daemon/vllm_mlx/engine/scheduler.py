@@ -18,7 +18,12 @@ from typing import Any
 import structlog
 from mlx_lm.generate import BatchGenerator
 
-from vllm_mlx.engine.sampling import make_processors, make_sampler
+from vllm_mlx.engine.sampling import (
+    LogitsProcessor,
+    make_forcing_processor,
+    make_processors,
+    make_sampler,
+)
 from vllm_mlx.engine.types import (
     EngineEvent,
     FinishReason,
@@ -31,6 +36,8 @@ from vllm_mlx.engine.types import (
 log = structlog.get_logger(__name__)
 
 EventSink = Callable[[EngineEvent], None]
+# Called on the engine thread after each step with (prompt tokens, generated tokens).
+StepHook = Callable[[int, int], None]
 
 
 @dataclass
@@ -41,6 +48,9 @@ class _Slot:
     phase: str = "queued"  # queued -> prefill -> generation
     generated: int = 0
     pending: list[int] = field(default_factory=list)
+    prompt_done: int = 0  # prompt tokens processed so far
+    prefill_started_at: float | None = None
+    first_token_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,8 +96,10 @@ class Scheduler:
         eos_token_ids: set[int],
         config: SchedulerConfig,
         name: str = "engine",
+        forced_tokens: tuple[int, ...] | None = None,
     ) -> None:
         self._model = model
+        self._forced = forced_tokens
         self._eos = eos_token_ids
         self._config = config
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
@@ -95,6 +107,7 @@ class Scheduler:
         self._by_request: dict[str, _Slot] = {}
         self._generator: BatchGenerator | None = None
         self.stats = SchedulerStats()
+        self.on_step: StepHook | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # --- asyncio side (any thread) ---------------------------------------------------
@@ -117,16 +130,21 @@ class Scheduler:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """A racy but safe view of the live requests, for /v1/status."""
-        return [
-            {
-                "request_id": slot.request.request_id,
-                "phase": slot.phase,
-                "generated_tokens": slot.generated,
-                "max_tokens": slot.request.max_tokens,
-                "prompt_tokens": len(slot.request.prompt_tokens),
-            }
-            for slot in list(self._slots.values())
-        ]
+        now = time.monotonic()
+        return [_describe(slot, now) for slot in list(self._slots.values())]
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens held in the KV cache by sequences past the queue."""
+        return sum(
+            len(s.request.prompt_tokens) + s.generated
+            for s in list(self._slots.values())
+            if s.phase != "queued"
+        )
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._config.max_batch_size
 
     @property
     def num_running(self) -> int:
@@ -187,7 +205,7 @@ class Scheduler:
                 [request.prompt_tokens],
                 max_tokens=[request.max_tokens],
                 samplers=[make_sampler(request.sampling)],
-                logits_processors=[make_processors(request.sampling, request.max_tokens)],
+                logits_processors=[self._processors(request)],
             )
         except Exception as exc:
             command.sink(SequenceFinished(FinishReason.ERROR, f"cannot schedule: {exc}"))
@@ -204,36 +222,57 @@ class Scheduler:
         self._generator.remove([slot.uid])
         self._finish(slot, SequenceFinished(command.reason, command.message))
 
+    def _processors(self, request: GenerationRequest) -> list[LogitsProcessor]:
+        processors = make_processors(request.sampling, request.max_tokens)
+        if self._forced is not None:
+            processors.append(make_forcing_processor(self._forced, min(self._eos)))
+        return processors
+
+    @staticmethod
+    def _post(slot: _Slot, event: EngineEvent) -> None:
+        # A consumer's failure must never fail the shared step for everyone else.
+        try:
+            slot.sink(event)
+        except Exception:
+            log.exception("event sink failed", request_id=slot.request.request_id)
+
     def _finish(self, slot: _Slot, event: SequenceFinished) -> None:
         if slot.pending:
-            slot.sink(TokensGenerated(slot.pending))
+            self._post(slot, TokensGenerated(slot.pending))
             slot.pending = []
-        slot.sink(event)
+        self._post(slot, event)
         self._slots.pop(slot.uid, None)
         self._by_request.pop(slot.request.request_id, None)
         self.stats.requests_finished += 1
 
     def _step(self) -> None:
         assert self._generator is not None
+        started = time.monotonic()
         prompt_responses, generation_responses = self._generator.next()
         self.stats.steps_executed += 1
         now = time.monotonic()
+        prompt_tokens = 0
         for response in prompt_responses:
             slot = self._slots.get(response.uid)
             if slot is None:
                 continue
             if slot.phase == "queued":
-                slot.phase = "prefill"
+                slot.phase, slot.prefill_started_at = "prefill", started
+            done = response.progress[0] if isinstance(response.progress, tuple) else 0
+            prompt_tokens += max(0, done - slot.prompt_done)
+            slot.prompt_done = max(slot.prompt_done, done)
             if response.end_of_prompt:
                 slot.phase = "generation"
                 self.stats.prompt_tokens += len(slot.request.prompt_tokens)
-                slot.sink(PromptProcessed(now))
+                self._post(slot, PromptProcessed(now, started_at=slot.prefill_started_at))
         finished: list[tuple[_Slot, str]] = []
         for gen in generation_responses:
             slot = self._slots.get(gen.uid)
             if slot is None:
                 continue
             slot.generated += 1
+            if slot.generated == 1:
+                slot.first_token_at = now
             self.stats.generated_tokens += 1
             if not (gen.finish_reason == "stop" and gen.token in self._eos):
                 slot.pending.append(gen.token)
@@ -241,10 +280,19 @@ class Scheduler:
                 finished.append((slot, gen.finish_reason))
         for slot in self._slots.values():
             if slot.pending:
-                slot.sink(TokensGenerated(slot.pending))
+                self._post(slot, TokensGenerated(slot.pending))
                 slot.pending = []
         for slot, reason in finished:
             self._finish(slot, SequenceFinished(FinishReason(reason)))
+        if self.on_step is not None:
+            self._report_step(prompt_tokens, len(generation_responses))
+
+    def _report_step(self, prompt_tokens: int, generated_tokens: int) -> None:
+        assert self.on_step is not None
+        try:
+            self.on_step(prompt_tokens, generated_tokens)
+        except Exception:  # a metrics bug must not fail the batch
+            log.exception("step hook failed")
 
     def _fail_all(self, message: str, reason: FinishReason = FinishReason.ERROR) -> None:
         for slot in list(self._slots.values()):
@@ -252,3 +300,31 @@ class Scheduler:
         if reason is FinishReason.ERROR:
             # Start from a clean generator: the failed step may have left it inconsistent.
             self._generator = self._make_generator()
+
+
+def _describe(slot: _Slot, now: float) -> dict[str, Any]:
+    """One live request for /v1/status: phase, progress and speed so far."""
+    request = slot.request
+    prompt_len = len(request.prompt_tokens)
+    ttft = None if slot.first_token_at is None else slot.first_token_at - request.arrived_at
+    speed = 0.0
+    if slot.first_token_at is not None and slot.generated > 1 and now > slot.first_token_at:
+        speed = (slot.generated - 1) / (now - slot.first_token_at)
+    if slot.phase == "generation":
+        progress = slot.generated / max(1, request.max_tokens)
+    elif slot.phase == "prefill":
+        progress = slot.prompt_done / max(1, prompt_len)
+    else:
+        progress = 0.0
+    return {
+        "request_id": request.request_id,
+        "phase": slot.phase,
+        "generated_tokens": slot.generated,
+        "max_tokens": request.max_tokens,
+        "prompt_tokens": prompt_len,
+        "prompt_tokens_processed": slot.prompt_done,
+        "tokens_per_second": round(speed, 3),
+        "ttft_s": None if ttft is None else round(ttft, 4),
+        "progress": round(min(1.0, progress), 4),
+        "elapsed_s": round(now - request.arrived_at, 3),
+    }

@@ -19,6 +19,7 @@ from litestar.response import Stream
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.anthropic.stream import Event, MessageBuilder
+from vllm_mlx.api.common import parse_body, server_state
 from vllm_mlx.api.errors import APIError, to_api_error
 from vllm_mlx.api.generation import (
     Target,
@@ -27,7 +28,6 @@ from vllm_mlx.api.generation import (
     run,
     sampling_params,
 )
-from vllm_mlx.api.openai.routes import parse_body, server_state
 from vllm_mlx.api.sse import SSE_HEADERS, named_event
 from vllm_mlx.engine.types import Finished, GenerationRequest, TextDelta
 from vllm_mlx.parsers.types import ContentDelta, ParserEvent, ReasoningDelta

@@ -8,15 +8,19 @@ from typing import Any
 
 from vllm_mlx.api.chat_template import as_token_list, render_chat
 from vllm_mlx.api.errors import APIError, bad_request
+from vllm_mlx.api.generation import Target, sampling_params
 from vllm_mlx.api.openai.schema import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     ErrorResponse,
     ImagePart,
+    NamedToolChoice,
+    Tool,
     UsageDict,
 )
-from vllm_mlx.engine.types import FinishReason, Usage
+from vllm_mlx.engine.types import FinishReason, SamplingParams, Usage
+from vllm_mlx.parsers.types import ToolCall, ToolSpec
 
 OPENAI_ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -88,9 +92,8 @@ def _json_or_text(arguments: str) -> Any:
 
 
 def template_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    if not request.tools or request.tool_choice == "none":
-        return None
-    return [tool.model_dump(exclude_none=True) for tool in request.tools]
+    tools = offered_tools(request)
+    return None if tools is None else [tool.model_dump(exclude_none=True) for tool in tools]
 
 
 def chat_prompt_tokens(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
@@ -172,3 +175,76 @@ def completion_chunk(
         "model": model,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
     }
+
+
+def offered_tools(request: ChatCompletionRequest) -> list[Tool] | None:
+    """The tools the model is shown: none for tool_choice "none", only the named one
+    for a named choice (there is no constrained decoding; narrowing the offer is how a
+    named choice is honoured), all of them otherwise."""
+    if not request.tools or request.tool_choice == "none":
+        return None
+    if isinstance(request.tool_choice, NamedToolChoice):
+        return [t for t in request.tools if t.function.name == request.tool_choice.function.name]
+    return list(request.tools)
+
+
+def tool_specs(tools: list[Tool] | None) -> list[ToolSpec] | None:
+    if tools is None:
+        return None
+    return [ToolSpec(t.function.name, t.function.parameters) for t in tools]
+
+
+def tool_call_dict(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def chat_message(content: str, reasoning: str, calls: list[ToolCall]) -> dict[str, Any]:
+    """The assistant message; reasoning under both `reasoning` and vLLM's older
+    `reasoning_content` name."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if content or not calls else None,
+        "refusal": None,
+    }
+    if reasoning:
+        message["reasoning"] = message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [tool_call_dict(c) for c in calls]
+    return message
+
+
+def reasoning_delta(text: str) -> dict[str, Any]:
+    return {"reasoning": text, "reasoning_content": text}
+
+
+def tool_start_delta(index: int, call_id: str, name: str) -> dict[str, Any]:
+    function = {"name": name, "arguments": ""}
+    return {
+        "tool_calls": [{"index": index, "id": call_id, "type": "function", "function": function}]
+    }
+
+
+def tool_arguments_delta(index: int, fragment: str) -> dict[str, Any]:
+    return {"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}
+
+
+def sampling_from(
+    target: Target, body: ChatCompletionRequest | CompletionRequest
+) -> SamplingParams:
+    """The request's sampling fields over the configured defaults."""
+    return sampling_params(
+        target.settings,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=body.bias_map(),
+    )

@@ -2,52 +2,33 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from litestar import Request, Response, Router, get, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
-from pydantic import BaseModel
 
 from vllm_mlx.api.anthropic import convert as anthropic_convert
-from vllm_mlx.api.errors import APIError, bad_request, model_not_found, to_api_error
+from vllm_mlx.api.common import parse_body, server_state
+from vllm_mlx.api.errors import APIError, model_not_found, to_api_error
 from vllm_mlx.api.generation import (
     Target,
     build_request,
     new_request_id,
     resolve_target,
     run,
-    sampling_params,
 )
 from vllm_mlx.api.openai import convert
-from vllm_mlx.api.openai.schema import ChatCompletionRequest, CompletionRequest, ModelCard
+from vllm_mlx.api.openai.chat import chat_completions
+from vllm_mlx.api.openai.schema import CompletionRequest, ModelCard
 from vllm_mlx.api.sse import DONE, SSE_HEADERS, data_event
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.engine.types import Finished, GenerationRequest, TextDelta
 
 log = structlog.get_logger(__name__)
-
-RequestModel = TypeVar("RequestModel", bound=BaseModel)
-
-
-def server_state(request: Request[Any, Any, Any]) -> ServerState:
-    state: ServerState = request.app.state.server
-    return state
-
-
-async def parse_body(request: Request[Any, Any, Any], model: type[RequestModel]) -> RequestModel:
-    raw = await request.body()
-    try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise bad_request("the request body must be a JSON object")
-    return model.model_validate(payload)
 
 
 def openai_error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -101,49 +82,6 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Any:
     raise model_not_found(model_id)
 
 
-def _sampling(target: Target, body: ChatCompletionRequest | CompletionRequest) -> Any:
-    return sampling_params(
-        target.settings,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        min_p=body.min_p,
-        seed=body.seed,
-        repetition_penalty=body.repetition_penalty,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        logit_bias=body.bias_map(),
-    )
-
-
-@post("/chat/completions", status_code=200)
-async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = await parse_body(request, ChatCompletionRequest)
-    target = resolve_target(server_state(request), body.model)
-    prompt = convert.chat_prompt_tokens(target.engine.tokenizer, body)
-    gen = build_request(
-        target,
-        new_request_id("chatcmpl"),
-        prompt,
-        body.wanted_max_tokens(),
-        _sampling(target, body),
-        body.stop_tuple(),
-    )
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return Stream(
-            _stream_chat(target, gen, body.model, include_usage),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
-    text, finished = await _collect(target, gen, "/v1/chat/completions")
-    message = {"role": "assistant", "content": text, "refusal": None}
-    payload = convert.chat_response(
-        gen.request_id, body.model, message, convert.finish_reason(finished.reason), finished.usage
-    )
-    return Response(payload)
-
-
 async def _collect(target: Target, gen: GenerationRequest, route: str) -> tuple[str, Finished]:
     parts: list[str] = []
     async for event in run(target, gen, route):
@@ -152,31 +90,6 @@ async def _collect(target: Target, gen: GenerationRequest, route: str) -> tuple[
         else:
             return "".join(parts), event
     raise APIError(500, "generation ended without a result", "server_error")
-
-
-async def _stream_chat(
-    target: Target, gen: GenerationRequest, model: str, include_usage: bool
-) -> AsyncIterator[bytes]:
-    chunks = convert.ChatChunks(gen.request_id, model)
-    interval = target.settings.engine.stream_interval
-    yield data_event(chunks.chunk({"role": "assistant", "content": ""}))
-    pending: list[str] = []
-    try:
-        async for event in run(target, gen, "/v1/chat/completions"):
-            if isinstance(event, TextDelta):
-                pending.append(event.text)
-                if len(pending) >= interval:
-                    yield data_event(chunks.chunk({"content": "".join(pending)}))
-                    pending = []
-                continue
-            if pending:
-                yield data_event(chunks.chunk({"content": "".join(pending)}))
-            yield data_event(chunks.chunk({}, convert.finish_reason(event.reason)))
-            if include_usage:
-                yield data_event(chunks.usage(event.usage))
-    except Exception as exc:  # headers are sent: the error travels as an event
-        yield data_event(convert.error_body(to_api_error(exc)))
-    yield DONE
 
 
 @post("/completions", status_code=200)
@@ -189,8 +102,9 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         new_request_id("cmpl"),
         prompt,
         body.max_tokens,
-        _sampling(target, body),
+        convert.sampling_from(target, body),
         body.stop_tuple(),
+        timeout=body.timeout,
     )
     echo = target.engine.tokenizer.decode(prompt) if body.echo else ""
     if body.stream:
