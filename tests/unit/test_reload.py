@@ -231,3 +231,61 @@ def test_watched_dirs_follow_symlink_chain(tmp_path: Path) -> None:
     conf.mkdir()
     (conf / "vllm-mlx.yaml").symlink_to(tmp_path / "..data" / "vllm-mlx.yaml")
     assert watched_dirs(conf / "vllm-mlx.yaml") == {conf, tmp_path, real}
+
+
+class FakeEngine:
+    stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def registry_serving(*models: ModelSettings) -> tuple[ModelRegistry, dict[str, FakeEngine]]:
+    from vllm_mlx.engine.registry import LoadState
+
+    registry = ModelRegistry(models, SchedulerConfig())
+    engines = {}
+    for entry in registry.entries():
+        engines[entry.settings.name] = FakeEngine()
+        entry.engine, entry.state = engines[entry.settings.name], LoadState.RUNNING  # type: ignore[assignment]
+    return registry, engines
+
+
+def no_loading(model: ModelSettings) -> Any:
+    raise AssertionError(f"{model.name} should not have been loaded")
+
+
+def test_prepare_keeps_engines_whose_model_keys_are_unchanged() -> None:
+    a = ModelSettings(name="a", source=BUILTIN, aliases=["x"])
+    registry, engines = registry_serving(a)
+    changed_hot = a.model_copy(update={"aliases": ["y"], "reasoning_parser": "qwen3"})
+    entries = registry.prepare([changed_hot], SchedulerConfig(), no_loading)
+    assert entries["a"].engine is engines["a"] and entries["a"].settings is changed_hot
+    assert registry.swap(entries, [changed_hot], SchedulerConfig()) == []
+    assert registry.resolve("y") is not None and registry.resolve("x") is None
+
+
+def test_prepare_loads_a_changed_model_and_failure_changes_nothing() -> None:
+    a = ModelSettings(name="a", source=BUILTIN)
+    registry, engines = registry_serving(a)
+    calls: list[str] = []
+
+    def failing(model: ModelSettings) -> Any:
+        calls.append(model.name)
+        raise RuntimeError("no memory")
+
+    with pytest.raises(RuntimeError, match="no memory"):
+        registry.prepare([a.model_copy(update={"context_length": 64})], SchedulerConfig(), failing)
+    assert calls == ["a"]
+    assert registry.resolve("a") is not None and registry.resolve("a").engine is engines["a"]  # type: ignore[union-attr]
+    with pytest.raises(AssertionError, match="should not have been loaded"):
+        registry.prepare([a], SchedulerConfig(), no_loading, reuse=False)
+
+
+def test_swap_retires_engines_no_longer_served() -> None:
+    a, b = ModelSettings(name="a", source=BUILTIN), ModelSettings(name="b", source=BUILTIN)
+    registry, engines = registry_serving(a, b)
+    kept = registry.prepare([b], SchedulerConfig(), no_loading)
+    retired = registry.swap(kept, [b], SchedulerConfig())
+    assert retired == [engines["a"]]  # type: ignore[comparison-overlap]
+    assert registry.resolve("a") is None and [e.settings.name for e in registry.entries()] == ["b"]

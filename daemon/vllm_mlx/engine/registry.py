@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config import ModelSettings, Reload
 from vllm_mlx.engine.engine import Engine, LoadedModel
 from vllm_mlx.engine.scheduler import SchedulerConfig
 
@@ -143,10 +143,17 @@ class ModelRegistry:
 
 
 def _same_model(entry: ModelEntry, model: ModelSettings) -> bool:
-    """Same weights and limits: only hot fields (aliases) may differ."""
-    return entry.settings.model_copy(update={"aliases": []}) == model.model_copy(
-        update={"aliases": []}
-    )
+    """Same weights and limits: only hot fields (aliases, parsers) may differ.
+
+    Hot fields are read per request from the settings, never baked into the engine.
+    """
+    for name, info in ModelSettings.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("x-reload") != Reload.HOT.value and getattr(entry.settings, name) != getattr(
+            model, name
+        ):
+            return False
+    return True
 
 
 def _engine_of(entries: dict[str, ModelEntry], name: str) -> Engine | None:
