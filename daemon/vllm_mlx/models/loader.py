@@ -31,6 +31,10 @@ HUB_PATTERNS = [
 DEFAULT_CONTEXT = 4096
 
 
+class ModelUnavailableError(RuntimeError):
+    """A model's files cannot be had (not cached and not downloadable)."""
+
+
 def resolve_model_dir(model: ModelSettings, cache_dir: Path) -> Path:
     """The local mlx-lm directory for this model, importing or downloading as needed."""
     source = classify_source(model.source)
@@ -45,11 +49,17 @@ def resolve_model_dir(model: ModelSettings, cache_dir: Path) -> Path:
         gguf = builtin_path(source.value) if source.kind is SourceKind.BUILTIN else source.path
         return import_gguf(gguf, cache_dir)
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     # snapshot_download shows a progress bar and honours HF_HUB_OFFLINE / the HF cache.
-    return Path(
-        snapshot_download(source.value, revision=model.revision, allow_patterns=HUB_PATTERNS)
-    )
+    try:
+        path = snapshot_download(source.value, revision=model.revision, allow_patterns=HUB_PATTERNS)
+    except LocalEntryNotFoundError as exc:
+        raise ModelUnavailableError(
+            f"{source.value} is not in the Hugging Face cache and cannot be downloaded "
+            f"(HF_HUB_OFFLINE is set or the hub is unreachable)"
+        ) from exc
+    return Path(path)
 
 
 def context_length_of(model_dir: Path, override: int | None) -> int:
