@@ -1,0 +1,246 @@
+"""Messages requests -> chat template input, and neutral errors -> Anthropic errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tests.anthropic_spec import validate
+from vllm_mlx.api.anthropic import convert
+from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
+from vllm_mlx.api.errors import APIError, from_validation_error
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+TIME = {"name": "get_time", "input_schema": {"type": "object"}}
+ASK = {"role": "user", "content": "Weather in Paris?"}
+CALL = {
+    "role": "assistant",
+    "content": [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+    ],
+}
+
+
+def tool_result(content: Any, tool_use_id: str = "toolu_1", **extra: Any) -> dict[str, Any]:
+    block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": content, **extra}
+    return {"role": "user", "content": [block]}
+
+
+def prompt(**fields: Any) -> convert.ChatPrompt:
+    return convert.build_prompt(CountTokensRequest.model_validate({"model": "m", **fields}))
+
+
+def rejected(**fields: Any) -> APIError:
+    with pytest.raises(APIError) as caught:
+        prompt(**fields)
+    assert caught.value.status == 400
+    return caught.value
+
+
+def test_system_string_and_blocks_render_the_same() -> None:
+    as_string = prompt(messages=[ASK], system="Be brief.\nBe kind.")
+    blocks = [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind."}]
+    as_blocks = prompt(messages=[ASK], system=blocks)
+    assert as_string.messages == as_blocks.messages
+    assert as_string.messages[0] == {"role": "system", "content": "Be brief.\nBe kind."}
+    assert prompt(messages=[ASK]).messages == [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def test_tool_round_trip_becomes_tool_calls_and_a_tool_message() -> None:
+    result = tool_result([{"type": "text", "text": "Sunny"}])
+    result["content"].append({"type": "text", "text": "And tomorrow?"})
+    chat = prompt(messages=[ASK, CALL, result], tools=[WEATHER])
+    assert chat.messages[1] == {
+        "role": "assistant",
+        "content": "Checking.",
+        "tool_calls": [
+            {
+                "id": "toolu_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    }
+    assert chat.messages[2] == {
+        "role": "tool",
+        "tool_call_id": "toolu_1",
+        "name": "get_weather",
+        "content": "Sunny",
+    }
+    assert chat.messages[3] == {"role": "user", "content": "And tomorrow?"}
+    assert chat.tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city.",
+                "parameters": WEATHER["input_schema"],
+            },
+        }
+    ]
+    assert [spec.name for spec in chat.tool_specs] == ["get_weather"]
+
+
+def test_tool_result_error_is_marked() -> None:
+    chat = prompt(messages=[ASK, CALL, tool_result("timeout", is_error=True)])
+    assert chat.messages[2]["content"] == "Error: timeout"
+
+
+def test_tool_result_must_answer_the_previous_assistant_turn() -> None:
+    error = rejected(messages=[ASK, CALL, tool_result("x", "toolu_2")])
+    assert "toolu_2" in error.message and "messages[2].content[0]" in error.message
+    # An id from an earlier turn is not open any more.
+    later = [ASK, CALL, tool_result("x"), {"role": "assistant", "content": "ok"}]
+    assert "toolu_1" in rejected(messages=[*later, tool_result("y")]).message
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A"}}],
+        [{"type": "text", "text": "hi"}, {"type": "image", "source": {"type": "url", "url": "u"}}],
+    ],
+)
+def test_images_are_refused(content: list[dict[str, Any]]) -> None:
+    error = rejected(messages=[{"role": "user", "content": content}])
+    assert "model does not accept images" in error.message
+
+
+def test_image_inside_a_tool_result_is_refused() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A"}}
+    error = rejected(messages=[ASK, CALL, tool_result([image])])
+    assert "does not accept images" in error.message
+
+
+def test_blocks_in_the_wrong_role_are_refused() -> None:
+    assert (
+        "user messages"
+        in rejected(messages=[ASK, {**tool_result("x"), "role": "assistant"}]).message
+    )
+    use = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+    assert "assistant messages" in rejected(messages=[{"role": "user", "content": [use]}]).message
+
+
+def test_tool_choice_none_offers_no_tools() -> None:
+    chat = prompt(messages=[ASK], tools=[WEATHER], tool_choice={"type": "none"})
+    assert chat.tools is None and chat.tool_specs == []
+
+
+def test_tool_choice_any_adds_an_instruction() -> None:
+    chat = prompt(messages=[ASK], system="Hi.", tools=[WEATHER, TIME], tool_choice={"type": "any"})
+    assert chat.tools is not None and len(chat.tools) == 2
+    assert chat.messages[0]["content"].startswith("Hi.\n\nYou must respond by calling one")
+
+
+def test_tool_choice_tool_offers_only_that_tool() -> None:
+    choice = {"type": "tool", "name": "get_time"}
+    chat = prompt(messages=[ASK], tools=[WEATHER, TIME], tool_choice=choice)
+    assert [t["function"]["name"] for t in chat.tools or []] == ["get_time"]
+    assert "'get_time'" in chat.messages[0]["content"]
+
+
+def test_tool_choice_errors() -> None:
+    missing = {"type": "tool", "name": "nope"}
+    assert (
+        "not in 'tools'" in rejected(messages=[ASK], tools=[WEATHER], tool_choice=missing).message
+    )
+    assert "at least one tool" in rejected(messages=[ASK], tool_choice={"type": "any"}).message
+    server_tool = {"type": "web_search_20250305", "name": "web_search"}
+    assert "server tool" in rejected(messages=[ASK], tools=[server_tool]).message
+
+
+def test_final_assistant_turn_is_a_prefill() -> None:
+    chat = prompt(messages=[ASK, {"role": "assistant", "content": "It is"}])
+    assert chat.continue_final and chat.messages[-1] == {"role": "assistant", "content": "It is"}
+    empty = prompt(messages=[ASK, {"role": "assistant", "content": ""}])
+    assert not empty.continue_final and empty.messages[-1]["role"] == "user"
+    assert "tool_result" in rejected(messages=[ASK, CALL]).message
+
+
+def test_thinking_switch_and_history() -> None:
+    assert prompt(messages=[ASK]).template_kwargs == {}
+    on = prompt(messages=[ASK], thinking={"type": "enabled", "budget_tokens": 2048})
+    assert on.template_kwargs == {"enable_thinking": True} and on.thinking
+    off = prompt(messages=[ASK], thinking={"type": "disabled"})
+    assert off.template_kwargs == {"enable_thinking": False}
+    history = {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "Hmm.", "signature": "sig"},
+            {"type": "redacted_thinking", "data": "opaque"},
+            {"type": "text", "text": "Done."},
+        ],
+    }
+    chat = prompt(messages=[ASK, history, {"role": "user", "content": "Thanks"}])
+    assert chat.messages[1] == {
+        "role": "assistant",
+        "content": "Done.",
+        "reasoning_content": "Hmm.",
+    }
+
+
+class RecordingTokenizer:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def apply_chat_template(self, messages: Any, **kwargs: Any) -> list[int]:
+        self.calls.append({"messages": messages, **kwargs})
+        return list(range(len(messages) * 3))
+
+
+def test_prompt_tokens_pass_tools_prefill_and_kwargs_to_the_template() -> None:
+    tokenizer = RecordingTokenizer()
+    chat = prompt(
+        messages=[ASK, {"role": "assistant", "content": "It"}],
+        tools=[WEATHER],
+        thinking={"type": "enabled"},
+    )
+    assert convert.prompt_tokens(tokenizer, chat) == list(range(6))
+    call = tokenizer.calls[0]
+    assert call["continue_final_message"] is True and call["add_generation_prompt"] is False
+    assert call["tools"] == chat.tools and call["enable_thinking"] is True
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"model": "m", "messages": [ASK]}, "'max_tokens' is a required property"),
+        ({"model": "m", "messages": [], "max_tokens": 1}, "at least one message is required"),
+        ({"model": "m", "messages": [ASK], "max_tokens": 0}, "max_tokens"),
+        (
+            {"model": "m", "messages": [ASK], "max_tokens": 1, "tool_choice": {"type": "tool"}},
+            "needs the 'name'",
+        ),
+    ],
+)
+def test_request_validation_messages_say_which_field(body: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        MessagesRequest.model_validate(body)
+    assert needle in from_validation_error(caught.value).message
+
+
+@pytest.mark.parametrize(
+    ("error", "wire_type"),
+    [
+        (APIError(400, "x", "invalid_request"), "invalid_request_error"),
+        (APIError(401, "x", "authentication"), "authentication_error"),
+        (APIError(404, "x", "not_found"), "not_found_error"),
+        (APIError(429, "x", "rate_limit"), "rate_limit_error"),
+        (APIError(500, "x", "server_error"), "api_error"),
+        (APIError(503, "x", "unavailable"), "overloaded_error"),
+        (APIError(529, "x", "something_new"), "overloaded_error"),
+        (APIError(403, "x", "something_new"), "permission_error"),
+        (APIError(502, "x", "something_new"), "api_error"),
+    ],
+)
+def test_error_bodies(error: APIError, wire_type: str) -> None:
+    body = convert.error_body(error)
+    assert body == {"type": "error", "error": {"type": wire_type, "message": "x"}}
+    validate(body, "ErrorResponse")
