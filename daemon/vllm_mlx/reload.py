@@ -245,12 +245,22 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
+def worth_reloading(current: bytes | None, last: bytes | None) -> bool:
+    """Whether the file's bytes (None: unreadable) call for a reload.
+
+    An empty file is an editor between truncating and writing: as a config it would
+    mean all defaults (API keys off), so it waits for the write's own event.
+    """
+    return current != last and (current is None or bool(current.strip()))
+
+
 async def watch_config(path: Path, on_change: Callable[[], object], stop: asyncio.Event) -> None:
     """Call `on_change` whenever the bytes behind `path` change, until `stop` is set.
 
     Whole directories are watched, not the file: an editor that saves by writing a new
     file and renaming it over the old one replaces the inode a file watch would follow.
-    Events for other files in those directories cost one read and a compare.
+    Events for other files in those directories cost one read and a compare. A missing
+    file is reported (the reload then says so); an empty one is not, see below.
     """
     last = _read(path)
     while not stop.is_set():
@@ -264,7 +274,7 @@ async def watch_config(path: Path, on_change: Callable[[], object], stop: asynci
             recursive=False,
         ):
             current = _read(path)
-            if current != last:
+            if worth_reloading(current, last):
                 last = current
                 on_change()
             if watched_dirs(path) != dirs:

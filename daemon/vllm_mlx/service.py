@@ -331,20 +331,11 @@ def add_service_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     service.add_argument("action", choices=["install", "uninstall", "status"])
     scope = service.add_mutually_exclusive_group()
-    scope.add_argument(
-        "--user",
-        dest="scope",
-        action="store_const",
-        const="user",
-        help="per-user LaunchAgent / systemd user unit (default unless root)",
-    )
-    scope.add_argument(
-        "--system",
-        dest="scope",
-        action="store_const",
-        const="system",
-        help="system LaunchDaemon / systemd system unit (default as root)",
-    )
+    for name, what in (
+        ("user", "per-user LaunchAgent / systemd user unit (default unless root)"),
+        ("system", "system LaunchDaemon / systemd system unit (default as root)"),
+    ):
+        scope.add_argument(f"--{name}", dest="scope", action="store_const", const=name, help=what)
     service.add_argument("--config", help="config file the service runs with (install)")
     service.add_argument(
         "--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.reload import watch_config
+from vllm_mlx.reload import watch_config, worth_reloading
 
 
 class Watch:
@@ -131,3 +131,11 @@ def test_symlink_to_another_directory(tmp_path: Path, watching: Callable[[Path],
     watch = watching(link)
     target.write_text("a: 2\n")  # the edit happens only in the target's directory
     wait_for(lambda: watch.calls == 1, "reload after editing the link target")
+
+
+def test_what_is_worth_a_reload() -> None:
+    assert worth_reloading(b"a: 2\n", b"a: 1\n")
+    assert not worth_reloading(b"a: 1\n", b"a: 1\n")
+    assert worth_reloading(None, b"a: 1\n")  # deleted: the reload reports it
+    assert not worth_reloading(b"", b"a: 1\n")  # truncated, not yet written
+    assert not worth_reloading(b"  \n", b"a: 1\n")
