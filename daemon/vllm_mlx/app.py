@@ -10,7 +10,7 @@ from litestar.exceptions import HTTPException
 
 from vllm_mlx.api.anthropic.routes import make_anthropic_router
 from vllm_mlx.api.openai.routes import make_openai_router
-from vllm_mlx.api.ops import health
+from vllm_mlx.api.ops import health, install_ops, metrics, status
 from vllm_mlx.api.state import ServerState
 
 
@@ -32,11 +32,13 @@ def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[An
 
 
 def create_app(state: ServerState) -> Litestar:
-    return Litestar(
-        route_handlers=[health, make_openai_router(), make_anthropic_router()],
+    app = Litestar(
+        route_handlers=[health, metrics, status, make_openai_router(), make_anthropic_router()],
         state=State({"server": state}),
         exception_handlers={Exception: _plain_error},
         logging_config=None,
         openapi_config=None,
         debug=False,
     )
+    install_ops(app, state)  # keys, limits, CORS, HTTP metrics, disconnects: before routing
+    return app

@@ -1,18 +1,41 @@
-"""Operational routes: /health."""
+"""Operational routes: /health, /metrics, /v1/status, and the ASGI layer that serves them.
+
+/health and /metrics stay open (no API key) by design: load balancers and Prometheus
+rarely carry secrets. `auth.metrics_require_key` closes /metrics; /v1/status is an
+API route and needs a key whenever keys are configured.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+import time
+from typing import Any, cast
 
-from litestar import Request, Response, get
+from litestar import Litestar, Request, Response, get
 
+from vllm_mlx.api.auth import error_payload
+from vllm_mlx.api.errors import APIError
+from vllm_mlx.api.middleware import ASGIApp, OpsMiddleware
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.engine.memory import read_memory
+from vllm_mlx.engine.registry import LoadState, ModelEntry
+from vllm_mlx.metrics import CONTENT_TYPE, MemorySample, ModelSample
+
+GIB = 1024**3
+# The seed's `status` words: a model that is loading or failed is "not_loaded".
+STATUS_WORDS = {LoadState.RUNNING: "running", LoadState.STOPPED: "stopped"}
+NO_CACHE = {"type": "none", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
+
+
+def _state(request: Request[Any, Any, Any]) -> ServerState:
+    state: ServerState = request.app.state.server
+    return state
 
 
 @get("/health", sync_to_thread=False)
 def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     """200 once every model is loaded and the server is not draining, else 503."""
-    state: ServerState = request.app.state.server
+    state = _state(request)
     models = [
         {"name": e.settings.name, "state": e.state.value, **({"error": e.error} if e.error else {})}
         for e in state.registry.entries()
@@ -22,3 +45,141 @@ def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     if not state.registry.ready:
         return Response({"status": "loading", "models": models}, status_code=503)
     return Response({"status": "ok", "models": models}, status_code=200)
+
+
+@get("/metrics", sync_to_thread=False)
+def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Prometheus text format; 404 unless `metrics.enabled`."""
+    state = _state(request)
+    if not state.settings.metrics.enabled:
+        error = APIError(404, "metrics are disabled (metrics.enabled: false)", "not_found")
+        return Response(error_payload("openai", error), status_code=404)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@get("/v1/status", sync_to_thread=False)
+def status(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    return status_document(_state(request))
+
+
+# --- /v1/status ------------------------------------------------------------------------
+
+
+def _model_block(entry: ModelEntry) -> dict[str, Any]:
+    block: dict[str, Any] = {
+        "model": entry.settings.name,
+        "status": STATUS_WORDS.get(entry.state, "not_loaded"),
+        "state": entry.state.value,
+    }
+    if entry.error:
+        block["error"] = entry.error
+    engine = entry.engine
+    requests: list[dict[str, Any]] = []
+    if engine is not None:
+        scheduler, stats = engine.scheduler, engine.scheduler.stats
+        requests = [
+            {**r, "model": entry.settings.name, "cache_hit_type": "none", "cached_tokens": 0}
+            for r in scheduler.snapshot()
+        ]
+        capacity = scheduler.max_batch_size * engine.context_length
+        block |= {
+            "steps_executed": stats.steps_executed,
+            "total_requests_processed": stats.requests_finished,
+            "total_prompt_tokens": stats.prompt_tokens,
+            "total_completion_tokens": stats.generated_tokens,
+            "kv_cache_usage": round(scheduler.kv_tokens / capacity, 6) if capacity else 0.0,
+        }
+    else:
+        block |= {
+            "steps_executed": 0,
+            "total_requests_processed": 0,
+            "total_prompt_tokens": 0,
+            "total_completion_tokens": 0,
+            "kv_cache_usage": 0.0,
+        }
+    # Counted from the same snapshot as `requests`, so the two always agree.
+    block["num_running"] = sum(1 for r in requests if r["phase"] != "queued")
+    block["num_waiting"] = sum(1 for r in requests if r["phase"] == "queued")
+    block["cache"] = dict(NO_CACHE)
+    block["requests"] = requests
+    return block
+
+
+def _memory_block() -> dict[str, float]:
+    memory = read_memory()
+    return {
+        "active_gb": round(memory.active_bytes / GIB, 4),
+        "peak_gb": round(memory.peak_bytes / GIB, 4),
+        "cache_gb": round(memory.cache_bytes / GIB, 4),
+        "rss_gb": round(memory.rss_bytes / GIB, 4),
+    }
+
+
+SUMMED = (
+    "steps_executed", "num_running", "num_waiting", "total_requests_processed",
+    "total_prompt_tokens", "total_completion_tokens",
+)  # fmt: skip
+
+
+def _overall(state: ServerState, blocks: list[dict[str, Any]]) -> str:
+    words = {b["status"] for b in blocks}
+    if state.draining or words == {"stopped"}:
+        return "stopped"
+    return "running" if words == {"running"} else "not_loaded"
+
+
+def status_document(state: ServerState) -> dict[str, Any]:
+    """Totals over every model at the top (the seed's fields), one block per model."""
+    blocks = [_model_block(entry) for entry in state.registry.entries()]
+    memory = _memory_block()
+    document: dict[str, Any] = {
+        "status": _overall(state, blocks),
+        "model": blocks[0]["model"] if blocks else None,
+        "uptime_s": round(time.time() - state.metrics.started_at, 3),
+        **{key: sum(b[key] for b in blocks) for key in SUMMED},
+        "memory": memory,
+    }
+    if sys.platform == "darwin":
+        document["metal"] = dict(memory)  # the seed's key, kept for its clients
+    document["cache"] = dict(NO_CACHE)
+    document["requests"] = [r for b in blocks for r in b["requests"]]
+    document["models"] = blocks
+    document["config"] = state.config_status()
+    return document
+
+
+# --- wiring ----------------------------------------------------------------------------
+
+
+def live_sample(state: ServerState) -> tuple[list[ModelSample], MemorySample]:
+    """What /metrics reads at scrape time: each model's live gauges, and memory."""
+    samples = []
+    for entry in state.registry.entries():
+        engine = entry.engine
+        sample = ModelSample(entry.settings.name, entry.state.value)
+        if engine is not None:
+            scheduler = engine.scheduler
+            capacity = scheduler.max_batch_size * engine.context_length
+            sample = ModelSample(
+                entry.settings.name,
+                entry.state.value,
+                load_seconds=engine.loaded.load_seconds,
+                running=scheduler.num_running,
+                waiting=scheduler.num_waiting,
+                kv_usage=scheduler.kv_tokens / capacity if capacity else 0.0,
+            )
+        samples.append(sample)
+    m = read_memory()
+    return samples, MemorySample(m.active_bytes, m.peak_bytes, m.cache_bytes, m.rss_bytes)
+
+
+def install_ops(app: Litestar, state: ServerState) -> None:
+    """Put the ops ASGI layer in front of the router and feed /metrics its live gauges."""
+    for model in state.settings.models:
+        state.metrics.add_model(model.name)
+    state.metrics.watch(lambda: live_sample(state))
+    known = {route.path for route in app.routes}
+    # Litestar wraps asgi_handler the same way for its own CORS middleware; ours runs
+    # before routing too, so refusals and unknown paths are counted and shaped.
+    inner = cast("ASGIApp", app.asgi_handler)
+    app.asgi_handler = cast("Any", OpsMiddleware(inner, state, known))

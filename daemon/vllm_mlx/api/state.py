@@ -9,6 +9,7 @@ from typing import Any
 
 from vllm_mlx.config import Settings
 from vllm_mlx.engine.registry import ModelRegistry
+from vllm_mlx.metrics import Metrics
 
 
 @dataclass
@@ -22,6 +23,8 @@ class ServerState:
     config_loaded_at: float = field(default_factory=time.time)
     config_error: str | None = None  # the last rejected edit of the file, if any
     pending_changes: list[str] = field(default_factory=list)  # need a reload (SIGHUP)
+    # Each daemon's own registry: counters survive hot reloads, tests get fresh ones.
+    metrics: Metrics = field(default_factory=Metrics)
 
     def config_status(self) -> dict[str, Any]:
         """The config block of /v1/status."""

@@ -37,6 +37,8 @@ class RequestTrace:
     first_token_at: float | None = None
     finished_at: float | None = None
     token_times: list[float] = field(default_factory=list)
+    prefill_started_at: float | None = None
+    completion_tokens: int = 0
 
     @property
     def ttft(self) -> float | None:
@@ -109,12 +111,14 @@ async def generate_text(
     async for event in engine.events(request):
         if isinstance(event, PromptProcessed):
             trace.prefill_done_at = event.at
+            trace.prefill_started_at = event.started_at
         elif isinstance(event, TokensGenerated):
             now = time.monotonic()
             if trace.first_token_at is None:
                 trace.first_token_at = now
             trace.token_times.append(now)
             completion_tokens += len(event.tokens)
+            trace.completion_tokens = completion_tokens
             text, hit = stops.feed(detokenizer.add(event.tokens))
             if text:
                 yield TextDelta(text)

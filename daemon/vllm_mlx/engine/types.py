@@ -58,6 +58,7 @@ class PromptProcessed:
 
     at: float
     cached_tokens: int = 0
+    started_at: float | None = None  # when the engine began this prompt (queue time ends)
 
 
 @dataclass(frozen=True)

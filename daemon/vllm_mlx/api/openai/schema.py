@@ -88,6 +88,9 @@ class _SamplingFields(_Request):
     logit_bias: dict[str, float] | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     max_tokens: int | None = Field(None, ge=1)
+    timeout: float | None = Field(
+        None, gt=0, description="seconds; may lower server.timeout, never raise it"
+    )
     logprobs: Literal[False, None] = Field(None, description="log probabilities are not supported")
 
     @field_validator("stop")

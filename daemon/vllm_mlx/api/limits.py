@@ -1,0 +1,66 @@
+"""Per-client rate limit: a token bucket per client, in bounded memory.
+
+A client is its API key when it sent a valid one, else its peer address. Each gets
+`rate` requests a minute, refilled continuously, with bursts of up to `rate`. The
+rate is passed on every call, so a hot-reloaded limit applies to the next request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+DEFAULT_MAX_CLIENTS = 10_000
+
+
+def client_id(api_key: str | None, peer: str | None) -> str:
+    if api_key is not None:
+        # A digest keeps the key itself out of memory dumps and debug output.
+        return "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:32]
+    return "peer:" + (peer or "unknown")
+
+
+class RateLimiter:
+    """Token buckets for the most recently seen clients (least recent evicted first).
+
+    Eviction forgets a client's debt, so the bound trades exactness for memory: an
+    evicted client starts again with a full bucket. With the default bound, that needs
+    ten thousand other clients to have come by since its last request.
+    """
+
+    def __init__(
+        self,
+        max_clients: int = DEFAULT_MAX_CLIENTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_clients = max_clients
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def acquire(self, client: str, per_minute: int) -> float | None:
+        """Take one request from client's bucket: None if allowed, else seconds to wait."""
+        if per_minute <= 0:
+            return None
+        now = self._clock()
+        tokens, last = self._buckets.pop(client, (float(per_minute), now))
+        tokens = min(float(per_minute), tokens + (now - last) * per_minute / 60.0)
+        wait: float | None = None
+        if tokens >= 1.0:
+            tokens -= 1.0
+        else:
+            wait = (1.0 - tokens) * 60.0 / per_minute
+        self._buckets[client] = (tokens, now)
+        while len(self._buckets) > self._max_clients:
+            self._buckets.popitem(last=False)
+        return wait
+
+
+def retry_after_header(wait: float) -> str:
+    """Whole seconds, rounded up, at least 1 (the header takes no fractions)."""
+    return str(max(1, math.ceil(wait)))

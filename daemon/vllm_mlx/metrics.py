@@ -1,0 +1,344 @@
+"""Every Prometheus metric in one place, on an injected registry.
+
+Names, label (`model_name`) and histogram buckets follow vLLM's, so dashboards built
+for vLLM work unchanged; `vllm_mlx_*` metrics cover what vLLM has no name for.
+Counters and histograms are updated at the event they count (a token arriving, a
+request finishing, a step ending); only gauges of live state (running requests,
+memory, model state) are read when Prometheus scrapes, by a collector.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from vllm_mlx.engine.output import RequestTrace
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+HTTP_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0, 600.0,
+)  # fmt: skip
+# vLLM sizes token-count buckets by max_model_len; models load after the registry is
+# built, so the largest configured context (or this) bounds them instead.
+DEFAULT_TOKEN_BUCKET_MAX = 131072
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+ABORT_REASONS = ("client_disconnect", "timeout")
+MODEL_STATES = ("not_loaded", "loading", "running", "failed", "stopped")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+@dataclass(frozen=True)
+class ModelSample:
+    """One served model's live state at scrape time."""
+
+    name: str
+    state: str  # one of MODEL_STATES
+    load_seconds: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    active_bytes: int = 0
+    peak_bytes: int = 0
+    cache_bytes: int = 0
+    rss_bytes: int = 0
+
+
+LiveSource = Callable[[], tuple[list[ModelSample], MemorySample]]
+
+
+class _LiveCollector(Collector):
+    """Gauges read from the running daemon when Prometheus scrapes."""
+
+    def __init__(self, source: LiveSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        models, memory = self._source()
+        by_model: list[tuple[str, str, Callable[[ModelSample], float]]] = [
+            ("vllm:num_requests_running", "Number of requests in model execution batches.",
+             lambda m: m.running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+             lambda m: m.waiting),
+            ("vllm:kv_cache_usage_perc",
+             "KV-cache usage: tokens held by live sequences over max_batch_size x context "
+             "length. 1 means 100 percent usage.", lambda m: m.kv_usage),
+            ("vllm_mlx_model_load_seconds", "Seconds the model took to load.",
+             lambda m: m.load_seconds),
+        ]  # fmt: skip
+        for name, doc, value in by_model:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            for model in models:
+                family.add_metric([model.name], float(value(model)))
+            yield family
+        states = GaugeMetricFamily(
+            "vllm_mlx_model_state",
+            "1 for the model's current load state, 0 for the others.",
+            labels=["model_name", "state"],
+        )
+        for model in models:
+            for state in MODEL_STATES:
+                states.add_metric([model.name, state], 1.0 if model.state == state else 0.0)
+        yield states
+        for name, doc, number in (
+            ("vllm_mlx_memory_active_bytes", "MLX memory in use (mx.get_active_memory).",
+             memory.active_bytes),
+            ("vllm_mlx_memory_peak_bytes", "Peak MLX memory since start (mx.get_peak_memory).",
+             memory.peak_bytes),
+            ("vllm_mlx_memory_cache_bytes", "MLX buffer cache (mx.get_cache_memory).",
+             memory.cache_bytes),
+            ("vllm_mlx_process_resident_memory_bytes", "Resident set size of the daemon.",
+             memory.rss_bytes),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(name, doc, value=float(number))
+
+
+class Metrics:
+    """The daemon's metrics on its own registry (never the process-global one)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        token_bucket_max: int = DEFAULT_TOKEN_BUCKET_MAX,
+    ) -> None:
+        # *_created series double the output and no vLLM dashboard reads them.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.started_at = time.time()
+        self._live: _LiveCollector | None = None
+        self._models: set[str] = set()
+        self._define_engine_metrics(build_1_2_5_buckets(token_bucket_max))
+        self._define_server_metrics()
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str] = ("model_name",)) -> Counter:
+        return Counter(name, doc, list(labels), registry=self.registry)
+
+    def _histogram(
+        self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ("model_name",)
+    ) -> Histogram:
+        return Histogram(name, doc, list(labels), registry=self.registry, buckets=buckets)
+
+    def _define_engine_metrics(self, token_buckets: Sequence[float]) -> None:
+        c, h = self._counter, self._histogram
+        self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens.")
+        self.request_success = c(
+            "vllm:request_success",
+            "Count of finished requests, by finish reason (abort: client gone or timed out).",
+            ("model_name", "finished_reason"),
+        )
+        self.prefix_cache_queries = c(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in queried tokens (no cache yet)."
+        )
+        self.prefix_cache_hits = c(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in cached tokens (no cache yet)."
+        )
+        self.ttft = h(
+            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = h("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
+        latency = REQUEST_LATENCY_BUCKETS
+        self.e2e = h("vllm:e2e_request_latency_seconds", "End-to-end request latency.", latency)
+        self.queue_time = h(
+            "vllm:request_queue_time_seconds", "Time spent waiting in the queue.", latency
+        )
+        self.prefill_time = h("vllm:request_prefill_time_seconds", "Time in prefill.", latency)
+        self.decode_time = h("vllm:request_decode_time_seconds", "Time in decode.", latency)
+        self.request_prompt_tokens = h(
+            "vllm:request_prompt_tokens", "Prompt tokens per request.", token_buckets
+        )
+        self.request_generation_tokens = h(
+            "vllm:request_generation_tokens", "Generated tokens per request.", token_buckets
+        )
+        self.iteration_tokens = h(
+            "vllm:iteration_tokens_total",
+            "Tokens (prompt + generated) per engine step.",
+            ITERATION_TOKENS_BUCKETS,
+        )
+        self.aborted = c(
+            "vllm_mlx_aborted_requests",
+            "Generations aborted before their end, by reason.",
+            ("model_name", "reason"),
+        )
+
+    def _define_server_metrics(self) -> None:
+        c = self._counter
+        self.http_requests = c(
+            "vllm_mlx_http_requests",
+            "HTTP requests answered, by route template, method and status class.",
+            ("route", "method", "status"),
+        )
+        self.http_latency = self._histogram(
+            "vllm_mlx_http_request_duration_seconds",
+            "Time from request start to the last byte of the response.",
+            HTTP_LATENCY_BUCKETS,
+            ("route", "method"),
+        )
+        self.unauthorized = c(
+            "vllm_mlx_unauthorized_requests",
+            "Requests refused with 401 (API key missing or wrong).",
+            ("reason",),
+        )
+        self.rate_limited = c("vllm_mlx_rate_limited_requests", "Requests refused with 429.", ())
+        self.config_reloads = c(
+            "vllm_mlx_config_reloads", "Config file reloads, by result.", ("result",)
+        )
+        for reason in ("missing", "invalid"):
+            self.unauthorized.labels(reason)
+        for result in ("success", "failure"):
+            self.config_reloads.labels(result)
+
+    # --- wiring -----------------------------------------------------------------------
+
+    def watch(self, source: LiveSource) -> None:
+        """Read live gauges from source at every scrape (set once)."""
+        if self._live is None:
+            self._live = _LiveCollector(source)
+            self.registry.register(self._live)
+
+    def add_model(self, name: str) -> None:
+        """Create a model's labelled series so they read 0 before the first request."""
+        if name in self._models:
+            return
+        self._models.add(name)
+        for metric in (
+            self.prompt_tokens, self.generation_tokens, self.prefix_cache_queries,
+            self.prefix_cache_hits, self.ttft, self.itl, self.e2e, self.queue_time,
+            self.prefill_time, self.decode_time, self.request_prompt_tokens,
+            self.request_generation_tokens, self.iteration_tokens,
+        ):  # fmt: skip
+            metric.labels(name)
+        for reason in FINISH_REASONS:
+            self.request_success.labels(name, reason)
+        for reason in ABORT_REASONS:
+            self.aborted.labels(name, reason)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # --- events -----------------------------------------------------------------------
+
+    def step_hook(self, model: str) -> Callable[[int, int], None]:
+        """The engine thread's per-step callback for one model (one histogram observe)."""
+        self.add_model(model)
+        child = self.iteration_tokens.labels(model)
+
+        def on_step(prompt_tokens: int, generated_tokens: int) -> None:
+            child.observe(prompt_tokens + generated_tokens)
+
+        return on_step
+
+    def request(self, model: str, prompt_tokens: int) -> RequestMetrics:
+        self.add_model(model)
+        return RequestMetrics(self, model, prompt_tokens)
+
+    def http_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.http_requests.labels(route, method, f"{status // 100}xx").inc()
+        self.http_latency.labels(route, method).observe(seconds)
+
+    def config_reloaded(self, success: bool) -> None:
+        self.config_reloads.labels("success" if success else "failure").inc()
+
+
+class RequestMetrics:
+    """One generation's observations, taken from its RequestTrace as events arrive."""
+
+    def __init__(self, metrics: Metrics, model: str, prompt_tokens: int) -> None:
+        self._m = metrics
+        self._model = model
+        self._prompt_tokens = prompt_tokens
+        self._itl = metrics.itl.labels(model)
+        self._tokens = metrics.generation_tokens.labels(model)
+        self._times_seen = 0
+        self._tokens_seen = 0
+        self._prefill_seen = False
+        self._ttft_seen = False
+        self._done = False
+
+    def update(self, trace: RequestTrace) -> None:
+        """Count what the trace gained since the last call (tokens, ITL, TTFT, prefill)."""
+        if not self._prefill_seen and trace.prefill_done_at is not None:
+            self._prefill_seen = True
+            self._m.prompt_tokens.labels(self._model).inc(self._prompt_tokens)
+            started = trace.prefill_started_at or trace.arrived_at
+            self._m.queue_time.labels(self._model).observe(max(0.0, started - trace.arrived_at))
+            self._m.prefill_time.labels(self._model).observe(
+                max(0.0, trace.prefill_done_at - started)
+            )
+        if not self._ttft_seen and trace.first_token_at is not None:
+            self._ttft_seen = True
+            self._m.ttft.labels(self._model).observe(trace.first_token_at - trace.arrived_at)
+        times = trace.token_times
+        for index in range(max(self._times_seen, 1), len(times)):
+            self._itl.observe(times[index] - times[index - 1])
+        self._times_seen = len(times)
+        if trace.completion_tokens > self._tokens_seen:
+            self._tokens.inc(trace.completion_tokens - self._tokens_seen)
+            self._tokens_seen = trace.completion_tokens
+
+    def finished(self, trace: RequestTrace, reason: str, now: float) -> None:
+        """The request ended with a result (any finish reason the engine reports)."""
+        if self._done:
+            return
+        self.update(trace)
+        self._done = True
+        model, m = self._model, self._m
+        if not self._ttft_seen:
+            # The first sampled token was end-of-sequence: it still ends the wait.
+            m.ttft.labels(model).observe(now - trace.arrived_at)
+        end = trace.finished_at or now
+        m.e2e.labels(model).observe(end - trace.arrived_at)
+        decode_from = trace.prefill_done_at or trace.first_token_at or end
+        m.decode_time.labels(model).observe(max(0.0, end - decode_from))
+        m.request_prompt_tokens.labels(model).observe(self._prompt_tokens)
+        m.request_generation_tokens.labels(model).observe(trace.completion_tokens)
+        label = reason if reason in FINISH_REASONS else "stop"  # tool_calls ends as a stop
+        m.request_success.labels(model, label).inc()
+
+    def aborted(self, trace: RequestTrace, reason: str) -> None:
+        """The generation was cut short: the client left or the deadline passed."""
+        if self._done:
+            return
+        self.update(trace)
+        self._done = True
+        self._m.aborted.labels(self._model, reason).inc()
+        self._m.request_success.labels(self._model, "abort").inc()
