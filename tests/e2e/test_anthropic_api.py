@@ -20,7 +20,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.anthropic_spec import validate
+from tests.support.anthropic import validate
 from tests.conftest import DaemonProcess
 
 MODEL = "default"

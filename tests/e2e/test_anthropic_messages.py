@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.anthropic_spec import check_stream, parse_sse, validate
+from tests.support.anthropic import check_stream, parse_sse, validate
 from tests.conftest import DaemonProcess
 
 MODEL = "default"

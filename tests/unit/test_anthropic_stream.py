@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tests.anthropic_spec import check_stream, parse_sse, validate
+from tests.support.anthropic import check_stream, parse_sse, validate
 from vllm_mlx.api.anthropic.stream import MessageBuilder
 from vllm_mlx.api.sse import named_event
 from vllm_mlx.engine.types import Finished, FinishReason, Usage

@@ -84,10 +84,12 @@ class ChatPrompt:
     continue_final: bool = False
     tool_specs: list[ToolSpec] = field(default_factory=list)
     thinking: bool = False
+    max_tool_calls: int | None = None  # 1 with disable_parallel_tool_use
 
 
 def build_prompt(request: PromptFields) -> ChatPrompt:
     offered = offered_tools(request)
+    choice = request.tool_choice
     messages = _conversation(request.messages)
     continue_final = _is_prefill(messages)
     system = "\n\n".join(
@@ -107,6 +109,7 @@ def build_prompt(request: PromptFields) -> ChatPrompt:
         continue_final=continue_final,
         tool_specs=[ToolSpec(tool.name, tool.input_schema) for tool in offered],
         thinking=thinking,
+        max_tool_calls=1 if choice and choice.disable_parallel_tool_use else None,
     )
 
 

@@ -24,13 +24,20 @@ from vllm_mlx.api.errors import APIError, to_api_error
 from vllm_mlx.api.generation import (
     Target,
     build_request,
+    output_parser_for,
     resolve_target,
-    run,
+    run_parsed,
     sampling_params,
 )
 from vllm_mlx.api.sse import SSE_HEADERS, named_event
-from vllm_mlx.engine.types import Finished, GenerationRequest, TextDelta
-from vllm_mlx.parsers.types import ContentDelta, ParserEvent, ReasoningDelta
+from vllm_mlx.engine.types import Finished, GenerationRequest
+from vllm_mlx.parsers.types import (
+    ContentDelta,
+    ParserEvent,
+    ReasoningDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -55,10 +62,21 @@ def _sse(event: Event) -> bytes:
     return named_event(event["type"], event)
 
 
-async def _output(target: Target, gen: GenerationRequest) -> AsyncIterator[Output]:
-    """The engine's text as parser events; tool-call and reasoning parsing plug in here."""
-    async for event in run(target, gen, ROUTE):
-        yield ContentDelta(event.text) if isinstance(event, TextDelta) else event
+async def _output(
+    target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt
+) -> AsyncIterator[Output]:
+    """Reasoning, text and tool calls as the model's configured parsers split them."""
+    # No tools offered (none given, or tool_choice none): calls stay plain text.
+    parser = output_parser_for(target, gen, prompt.tool_specs or None)
+    limit = prompt.max_tool_calls
+    async for event in run_parsed(target, gen, ROUTE, parser):
+        if (
+            limit is not None
+            and isinstance(event, ToolCallStart | ToolCallArgumentsDelta)
+            and event.index >= limit
+        ):
+            continue  # disable_parallel_tool_use: the first call only
+        yield event
 
 
 async def _coalesced(events: AsyncIterator[Output], interval: int) -> AsyncIterator[Output]:
@@ -83,13 +101,13 @@ async def _coalesced(events: AsyncIterator[Output], interval: int) -> AsyncItera
 
 
 async def _stream(
-    target: Target, gen: GenerationRequest, builder: MessageBuilder
+    target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt, builder: MessageBuilder
 ) -> AsyncIterator[bytes]:
     for event in builder.start():
         yield _sse(event)
     interval = target.settings.engine.stream_interval
     try:
-        async for output in _coalesced(_output(target, gen), interval):
+        async for output in _coalesced(_output(target, gen, prompt), interval):
             if not isinstance(output, Finished):
                 for event in builder.feed(output):
                     yield _sse(event)
@@ -105,10 +123,10 @@ async def _stream(
 
 
 async def _complete(
-    target: Target, gen: GenerationRequest, builder: MessageBuilder
+    target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt, builder: MessageBuilder
 ) -> dict[str, Any]:
     finished: Finished | None = None
-    async for output in _output(target, gen):
+    async for output in _output(target, gen, prompt):
         if isinstance(output, Finished):
             finished = output
         else:
@@ -136,9 +154,11 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     builder = MessageBuilder(gen.request_id, body.model, len(tokens))
     if body.stream:
         return Stream(
-            _stream(target, gen, builder), media_type="text/event-stream", headers=SSE_HEADERS
+            _stream(target, gen, prompt, builder),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
         )
-    return Response(await _complete(target, gen, builder))
+    return Response(await _complete(target, gen, prompt, builder))
 
 
 @post("/messages/count_tokens", status_code=200)

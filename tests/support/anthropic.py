@@ -1,26 +1,22 @@
 """Anthropic wire checks for tests: SSE parsing, the event protocol, the hosted spec.
 
 Events and bodies are validated with jsonschema against Anthropic's published
-OpenAPI document (anthropic-hosted_spec.json, $refs resolved within it). That
-document predates extended thinking and does not list `ping`, so those two are
-checked against small schemas written here from the current API reference.
+OpenAPI document (../shared/specs/anthropic-hosted_spec.json, $refs resolved within
+it). That document predates extended thinking and does not list `ping`, so those
+two are checked against small schemas written here from the current API reference.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 
-SPEC_ENV = "VLLM_MLX_ANTHROPIC_SPEC"
-DEFAULT_SPEC = (
-    Path(__file__).resolve().parents[2] / "shared" / "specs" / "anthropic-hosted_spec.json"
-)
+from tests.support.spec import SPECS
+
+SPEC = SPECS / "anthropic-hosted_spec.json"
 
 PING = {
     "type": "object",
@@ -44,16 +40,9 @@ THINKING_DELTA = {
 }
 
 
-def spec_path() -> Path:
-    return Path(os.environ.get(SPEC_ENV) or DEFAULT_SPEC)
-
-
 @functools.cache
 def _spec() -> dict[str, Any]:
-    path = spec_path()
-    if not path.is_file():
-        pytest.skip(f"Anthropic spec not found at {path} (set {SPEC_ENV})")
-    spec: dict[str, Any] = json.loads(path.read_text())
+    spec: dict[str, Any] = json.loads(SPEC.read_text())
     schemas = _without_null_types(spec["components"]["schemas"])
     schemas["ThinkingBlock"] = THINKING_BLOCK
     schemas["ThinkingContentBlockDelta"] = THINKING_DELTA
