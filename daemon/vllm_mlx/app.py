@@ -8,7 +8,10 @@ from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
+from vllm_mlx.api.anthropic.convert import error_body as anthropic_error_body
 from vllm_mlx.api.anthropic.routes import make_anthropic_router
+from vllm_mlx.api.auth import protocol_of
+from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.openai.routes import make_openai_router
 from vllm_mlx.api.ops import health, install_ops, metrics, status
 from vllm_mlx.api.state import ServerState
@@ -18,6 +21,10 @@ def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[An
     # Outside /v1 (unknown paths, wrong methods): a small JSON error, never a traceback.
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
+    if protocol_of(request.url.path, request.headers) == "anthropic":
+        # e.g. GET /v1/messages: the Anthropic SDK reads only its own error shape.
+        error = APIError(status, str(detail), kind="http")  # the status picks the type
+        return Response(anthropic_error_body(error), status_code=status)
     return Response(
         {
             "error": {

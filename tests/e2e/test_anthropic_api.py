@@ -1,12 +1,11 @@
 """count_tokens, tools, model listings, errors and disconnects on the Anthropic surface.
 
-Tool use with the bundled SmolLM2-135M: its chat template renders no tool
-definitions and the model cannot be relied on to emit a call, and the default
-config sets no tool-call parser. These tests therefore drive the request side of a
-full round trip deterministically (a client-written tool_use turn, then its
-tool_result, rendered through the template and charged exactly as counted); the
-response side (tool_use blocks, input_json_delta, stop_reason tool_use) is covered
-from parser events in tests/unit/test_anthropic_stream.py.
+These run on the bundled SmolLM2-135M, whose chat template renders no tool
+definitions and which cannot be relied on to emit a call: the tool tests here drive
+the request side (a client-written tool_use turn, then its tool_result, rendered
+through the template and charged exactly as counted). The response side (tool_use
+and thinking blocks, input_json_delta, stop_reason tool_use) runs end to end on the
+test-only replay: source in test_anthropic_tools.py.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ import anthropic
 import httpx
 import pytest
 
-from tests.support.anthropic import validate
 from tests.conftest import DaemonProcess
+from tests.support.anthropic import validate
 
 MODEL = "default"
 HEADERS = {"anthropic-version": "2023-06-01"}
@@ -192,6 +191,15 @@ def test_bad_requests_are_400_in_anthropic_shape(shared_daemon: DaemonProcess, c
     validate(payload, "ErrorResponse")
     assert payload["error"]["type"] == "invalid_request_error"
     assert needle in payload["error"]["message"]
+
+
+def test_wrong_method_and_path_are_errors_in_anthropic_shape(shared_daemon: DaemonProcess) -> None:
+    wrong_method = httpx.get(f"{shared_daemon.base_url}/v1/messages", timeout=30)
+    assert wrong_method.status_code == 405
+    validate(wrong_method.json(), "ErrorResponse")
+    unknown = httpx.post(f"{shared_daemon.base_url}/v1/messages/batches", json={}, timeout=30)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["type"] == "not_found_error"
 
 
 def test_count_tokens_validates_like_messages(shared_daemon: DaemonProcess) -> None:

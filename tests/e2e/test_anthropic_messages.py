@@ -12,8 +12,8 @@ import anthropic
 import httpx
 import pytest
 
-from tests.support.anthropic import check_stream, parse_sse, validate
 from tests.conftest import DaemonProcess
+from tests.support.anthropic import check_stream, parse_sse, validate
 
 MODEL = "default"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

@@ -11,6 +11,7 @@ from tests.support.anthropic import validate
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.errors import APIError, from_validation_error
+from vllm_mlx.engine.types import Finished, FinishReason, Usage
 
 WEATHER = {
     "name": "get_weather",
@@ -244,3 +245,22 @@ def test_error_bodies(error: APIError, wire_type: str) -> None:
     body = convert.error_body(error)
     assert body == {"type": "error", "error": {"type": wire_type, "message": "x"}}
     validate(body, "ErrorResponse")
+
+
+def test_unfinished_generations_are_errors() -> None:
+    usage = Usage(3, 1)
+    assert convert.failure(Finished(FinishReason.STOP, usage)) is None
+    assert convert.failure(Finished(FinishReason.LENGTH, usage)) is None
+    error = convert.failure(Finished(FinishReason.ERROR, usage, message="engine error: boom"))
+    assert error is not None and error.status == 500 and "boom" in error.message
+    assert convert.error_type(error) == "api_error"
+    aborted = convert.failure(Finished(FinishReason.ABORT, usage, message="the engine stopped"))
+    assert aborted is not None and convert.error_type(aborted) == "overloaded_error"
+
+
+@pytest.mark.parametrize(
+    ("status", "wire_type"),
+    [(404, "not_found_error"), (405, "invalid_request_error"), (413, "request_too_large")],
+)
+def test_http_errors_are_typed_by_status(status: int, wire_type: str) -> None:
+    assert convert.error_type(APIError(status, "x", kind="http")) == wire_type

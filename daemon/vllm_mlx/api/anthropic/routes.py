@@ -48,8 +48,7 @@ Output = ParserEvent | Finished
 
 def anthropic_error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     if isinstance(exc, HTTPException):
-        kind = "invalid_request" if exc.status_code < 500 else "server_error"
-        error = APIError(exc.status_code, str(exc.detail), kind)
+        error = APIError(exc.status_code, str(exc.detail), kind="http")  # type by status
     else:
         error = to_api_error(exc)
     if error.status >= 500 and error.status not in (503, 504):
