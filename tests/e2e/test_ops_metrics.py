@@ -208,3 +208,13 @@ def test_timeout_counts_as_an_abort(daemon: DaemonProcess) -> None:
     m = {"model_name": MODEL}
     assert _delta(before, after, "vllm_mlx_aborted_requests_total", reason="timeout", **m) == 1
     assert _delta(before, after, "vllm:request_success_total", finished_reason="abort", **m) == 1
+
+
+def test_the_grafana_dashboard_queries_only_what_this_daemon_exposes(
+    daemon: DaemonProcess,
+) -> None:
+    from tests.unit.test_metrics_dashboard import METRIC_NAME, dashboard, queries
+
+    exposed = {name for name, _ in scrape(daemon)}
+    used = {name for expr in queries(dashboard()) for name in METRIC_NAME.findall(expr)}
+    assert used and not used - exposed, sorted(used - exposed)
