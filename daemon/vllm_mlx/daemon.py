@@ -85,7 +85,12 @@ class Daemon:
         self.state = ServerState(settings, self.registry, config_path=loaded.path)
         self.app = create_app(self.state)
         self.tracker = RequestTracker()
-        self.reloader = Reloader(self.state, reload_config or (lambda: settings), self._apply_full)
+        self.reloader = Reloader(
+            self.state,
+            reload_config or (lambda: settings),
+            self._apply_full,
+            on_result=self.state.metrics.config_reloaded,  # vllm_mlx_config_reloads_total
+        )
         self.listeners: list[Listener] = []
         self.pid_file: Path | None = None
         self._stopping = False

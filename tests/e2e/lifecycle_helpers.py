@@ -73,8 +73,13 @@ def client(daemon: DaemonProcess, key: str = "unused", port: int | None = None) 
     return openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
 
 
+# SmolLM2's end tokens (<|endoftext|>, <|im_end|>), banned so that a stream runs to
+# max_tokens: a test can then rely on it still running while the daemon reloads.
+NO_EOS = {"0": -100, "2": -100}
+
+
 class Stream:
-    """A streamed chat completion running on its own thread."""
+    """A streamed chat completion running on its own thread, to exactly max_tokens."""
 
     def __init__(self, api: openai.OpenAI, model: str = "default", max_tokens: int = 24) -> None:
         self.api, self.model, self.max_tokens = api, model, max_tokens
@@ -96,6 +101,7 @@ class Stream:
                 temperature=0,
                 stream=True,
                 stream_options={"include_usage": True},
+                logit_bias=NO_EOS,
             )
             for chunk in stream:
                 self.chunks += 1

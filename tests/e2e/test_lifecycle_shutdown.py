@@ -15,7 +15,7 @@ from tests.e2e.lifecycle_helpers import DEADLINE_S, Stream, client, get, poll
 
 def test_sigterm_lets_four_streams_finish_then_exits_zero(start_daemon: StartDaemon) -> None:
     daemon = start_daemon({"server": {"drain_timeout": 120}})
-    streams = [Stream(client(daemon), max_tokens=40) for _ in range(4)]
+    streams = [Stream(client(daemon), max_tokens=24) for _ in range(4)]
     for stream in streams:
         stream.wait_started()
     daemon.process.send_signal(signal.SIGTERM)
@@ -43,7 +43,7 @@ def test_sigterm_lets_four_streams_finish_then_exits_zero(start_daemon: StartDae
     for stream in streams:
         stream.wait()
         assert stream.error is None, stream.error
-        assert (stream.finish_reason, stream.completion_tokens) == ("length", 40)
+        assert (stream.finish_reason, stream.completion_tokens) == ("length", 24)
     assert daemon.process.wait(DEADLINE_S) == 0
     assert '"event": "drained"' in daemon.log_text()
 
