@@ -11,6 +11,7 @@ good settings in place and sets `ServerState.config_error`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +37,7 @@ M = TypeVar("M", bound=BaseModel)
 # editor's write-temp-then-rename burst becomes one reload, and a save applies in ~0.1 s.
 STEP_MS = 100
 DEBOUNCE_MS = 300
+WATCH_RETRY_S = 1.0  # after the watcher itself failed (a watched directory vanished)
 
 
 @dataclass(frozen=True)
@@ -260,24 +262,54 @@ async def watch_config(path: Path, on_change: Callable[[], object], stop: asynci
     Whole directories are watched, not the file: an editor that saves by writing a new
     file and renaming it over the old one replaces the inode a file watch would follow.
     Events for other files in those directories cost one read and a compare. A missing
-    file is reported (the reload then says so); an empty one is not, see below.
+    file is reported (the reload then says so); an empty one is not (worth_reloading).
     """
-    last = _read(path)
+    last: list[bytes | None] = [_read(path)]
+    failing = False
     while not stop.is_set():
-        dirs = watched_dirs(path)
-        async for _ in watchfiles.awatch(
-            *dirs,
-            watch_filter=None,
-            step=STEP_MS,
-            debounce=DEBOUNCE_MS,
-            stop_event=stop,
-            recursive=False,
-        ):
-            current = _read(path)
-            if worth_reloading(current, last):
-                last = current
-                on_change()
-            if watched_dirs(path) != dirs:
-                break  # a link now points elsewhere: watch the new directories
-        else:
+        try:
+            await _watch_once(path, on_change, stop, last)
+            failing = False
+        except Exception as exc:  # e.g. the directory is gone: watch again when it is back
+            if not failing:
+                log.error("config watcher failed; retrying", error=str(exc))
+            failing = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), WATCH_RETRY_S)
+
+
+def _dir_ids(dirs: set[Path]) -> set[tuple[Path, int]]:
+    return {(d, d.stat().st_ino) for d in dirs if d.is_dir()}
+
+
+def _changed(path: Path, on_change: Callable[[], object], last: list[bytes | None]) -> None:
+    current = _read(path)
+    if worth_reloading(current, last[0]):
+        last[0] = current
+        try:
+            on_change()
+        except Exception:
+            log.exception("config reload failed")
+
+
+async def _watch_once(
+    path: Path, on_change: Callable[[], object], stop: asyncio.Event, last: list[bytes | None]
+) -> None:
+    """Watch the current directories until stopped, or until they are not the ones that
+    decide the file any more (a link re-pointed, a directory replaced)."""
+    dirs = watched_dirs(path)
+    if not dirs:
+        raise FileNotFoundError(f"no directory of {path} exists")
+    ids = _dir_ids(dirs)
+    _changed(path, on_change, last)  # whatever happened while nothing was watched
+    async for _ in watchfiles.awatch(
+        *dirs,
+        watch_filter=None,
+        step=STEP_MS,
+        debounce=DEBOUNCE_MS,
+        stop_event=stop,
+        recursive=False,
+    ):
+        _changed(path, on_change, last)
+        if watched_dirs(path) != dirs or _dir_ids(dirs) != ids:
             return

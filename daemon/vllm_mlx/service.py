@@ -290,6 +290,7 @@ def service_config(scope: Scope, explicit: str | None) -> tuple[Path, bool]:
     user_path, system_path = platform_config_paths()
     path = user_path if scope == "user" else system_path
     _write(path, _reference_config())
+    path.chmod(0o600)  # API keys will go in here; the service runs as its owner
     return path, True
 
 

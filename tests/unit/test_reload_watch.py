@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,8 +18,9 @@ from vllm_mlx.reload import watch_config, worth_reloading
 class Watch:
     """watch_config running on its own event loop thread, counting reload calls."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fail_first: bool = False) -> None:
         self.calls = 0
+        self.fail_first = fail_first
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
         self._thread = threading.Thread(target=self._run, args=(path,), daemon=True)
@@ -27,6 +29,8 @@ class Watch:
 
     def _on_change(self) -> None:
         self.calls += 1
+        if self.fail_first and self.calls == 1:
+            raise RuntimeError("a listener failed")
 
     def _run(self, path: Path) -> None:
         asyncio.set_event_loop(self._loop)
@@ -61,11 +65,11 @@ def config(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def watching(config: Path) -> Iterator[Callable[[Path], Watch]]:
+def watching(config: Path) -> Iterator[Callable[..., Watch]]:
     started: list[Watch] = []
 
-    def start(path: Path) -> Watch:
-        watch = Watch(path)
+    def start(path: Path, fail_first: bool = False) -> Watch:
+        watch = Watch(path, fail_first)
         started.append(watch)
         watch.wait_ready()
         return watch
@@ -75,13 +79,13 @@ def watching(config: Path) -> Iterator[Callable[[Path], Watch]]:
         watch.close()
 
 
-def test_in_place_write_is_seen(config: Path, watching: Callable[[Path], Watch]) -> None:
+def test_in_place_write_is_seen(config: Path, watching: Callable[..., Watch]) -> None:
     watch = watching(config)
     config.write_text("defaults: {max_tokens: 2}\n")
     wait_for(lambda: watch.calls == 1, "one reload")
 
 
-def test_rename_save_is_seen_every_time(config: Path, watching: Callable[[Path], Watch]) -> None:
+def test_rename_save_is_seen_every_time(config: Path, watching: Callable[..., Watch]) -> None:
     watch = watching(config)
     for n in (2, 3):
         temp = config.with_name(".vllm-mlx.yaml.swp")
@@ -91,7 +95,7 @@ def test_rename_save_is_seen_every_time(config: Path, watching: Callable[[Path],
 
 
 def test_same_bytes_and_other_files_do_not_reload(
-    config: Path, watching: Callable[[Path], Watch]
+    config: Path, watching: Callable[..., Watch]
 ) -> None:
     watch = watching(config)
     config.write_text(config.read_text())  # touched, unchanged
@@ -101,7 +105,7 @@ def test_same_bytes_and_other_files_do_not_reload(
     assert watch.calls == 1
 
 
-def test_repointed_symlink_is_seen(tmp_path: Path, watching: Callable[[Path], Watch]) -> None:
+def test_repointed_symlink_is_seen(tmp_path: Path, watching: Callable[..., Watch]) -> None:
     # Kubernetes ConfigMap layout: file -> ..data/file, ..data -> a versioned directory.
     tmp_path = tmp_path / "configmap"
     tmp_path.mkdir()
@@ -119,7 +123,7 @@ def test_repointed_symlink_is_seen(tmp_path: Path, watching: Callable[[Path], Wa
     wait_for(lambda: watch.calls == 2, "reload after editing the new target")
 
 
-def test_symlink_to_another_directory(tmp_path: Path, watching: Callable[[Path], Watch]) -> None:
+def test_symlink_to_another_directory(tmp_path: Path, watching: Callable[..., Watch]) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     target = elsewhere / "real.yaml"
@@ -139,3 +143,28 @@ def test_what_is_worth_a_reload() -> None:
     assert worth_reloading(None, b"a: 1\n")  # deleted: the reload reports it
     assert not worth_reloading(b"", b"a: 1\n")  # truncated, not yet written
     assert not worth_reloading(b"  \n", b"a: 1\n")
+
+
+def test_a_failing_reload_does_not_stop_the_watcher(
+    config: Path, watching: Callable[..., Watch]
+) -> None:
+    watch = watching(config, fail_first=True)
+    config.write_text("defaults: {max_tokens: 2}\n")
+    wait_for(lambda: watch.calls == 1, "the failing reload")
+    config.write_text("defaults: {max_tokens: 3}\n")
+    wait_for(lambda: watch.calls == 2, "the next reload")
+
+
+def test_directory_removed_and_recreated(tmp_path: Path, watching: Callable[..., Watch]) -> None:
+    directory = tmp_path / "etc"
+    directory.mkdir()
+    path = directory / "vllm-mlx.yaml"
+    path.write_text("a: 1\n")
+    watch = watching(path)
+    shutil.rmtree(directory)
+    wait_for(lambda: watch.calls == 1, "the removal to be reported")
+    directory.mkdir()
+    path.write_text("a: 2\n")
+    wait_for(lambda: watch.calls == 2, "the recreated file")
+    path.write_text("a: 3\n")
+    wait_for(lambda: watch.calls == 3, "an edit of the recreated file")

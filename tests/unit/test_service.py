@@ -281,6 +281,7 @@ def test_cli_install_creates_a_config_when_none_exists(
     manager = Systemd("user", tmp_path / "cfg", FakeRunner({"is-active": 3}))
     assert cmd_service(args("install"), manager) == 0
     assert created.is_file() and "server:" in created.read_text()
+    assert created.stat().st_mode & 0o777 == 0o600
     assert f"created {created}" in capsys.readouterr().out
     assert str(created) in manager.unit_path.read_text()
 
