@@ -264,3 +264,16 @@ def test_unfinished_generations_are_errors() -> None:
 )
 def test_http_errors_are_typed_by_status(status: int, wire_type: str) -> None:
     assert convert.error_type(APIError(status, "x", kind="http")) == wire_type
+
+
+def test_system_role_messages_join_the_system_prompt() -> None:
+    # Claude Code sends instructions as role "system" messages between turns.
+    note = {"role": "system", "content": "Agents: claude, Explore."}
+    chat = prompt(messages=[ASK, note], system="Be brief.")
+    assert chat.messages == [
+        {"role": "system", "content": "Be brief.\n\nAgents: claude, Explore."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
+    image = {"type": "image", "source": {"type": "url", "url": "u"}}
+    error = rejected(messages=[ASK, {"role": "system", "content": [image]}])
+    assert "only text blocks" in error.message

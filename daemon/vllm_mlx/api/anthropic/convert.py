@@ -124,7 +124,23 @@ def prompt_tokens(tokenizer: Any, prompt: ChatPrompt) -> list[int]:
 
 
 def _system_text(request: PromptFields) -> str:
-    return "\n".join(block.text for block in request.system)
+    """`system`, then the text of any system-role messages, as one system prompt.
+
+    Claude Code sends extra instructions as role "system" messages between turns.
+    Many chat templates accept a system message only first, so they join `system`.
+    """
+    parts = ["\n".join(block.text for block in request.system)]
+    for index, message in enumerate(request.messages):
+        if message.role != "system":
+            continue
+        texts: list[str] = []
+        for position, block in enumerate(message.content):
+            if not isinstance(block, TextBlock):
+                where = f"messages[{index}].content[{position}]"
+                raise bad_request(f"{where}: system messages may hold only text blocks", where)
+            texts.append(block.text)
+        parts.append("\n".join(texts))
+    return "\n\n".join(part for part in parts if part)
 
 
 def offered_tools(request: PromptFields) -> list[Tool]:
@@ -177,6 +193,8 @@ def _conversation(messages: list[InputMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     open_calls: dict[str, str] = {}  # tool_use id -> name, from the previous assistant turn
     for index, message in enumerate(messages):
+        if message.role == "system":
+            continue  # part of the system prompt (_system_text)
         if message.role == "assistant":
             item, open_calls = _assistant_message(message, index)
             out.append(item)

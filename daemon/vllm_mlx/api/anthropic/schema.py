@@ -92,7 +92,8 @@ InputBlock = Annotated[
 
 
 class InputMessage(_Wire):
-    role: Literal["user", "assistant"]
+    # "system" between turns: sent by Claude Code; joined into the system prompt.
+    role: Literal["user", "assistant", "system"]
     content: Annotated[list[InputBlock], BeforeValidator(_as_blocks)]
 
 
