@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import DaemonProcess
-from tests.support.anthropic import validate
+from tests.support.anthropic import check_stream, parse_sse, validate
 
 MODEL = "default"
 HEADERS = {"anthropic-version": "2023-06-01"}
@@ -227,6 +227,67 @@ def test_sdk_raises_typed_errors(client: anthropic.Anthropic) -> None:
                 }
             ],
         )
+
+
+# --- Claude Code ---------------------------------------------------------------------
+
+# The shape of a request Claude Code sends (its texts shortened): `?beta=true`, an
+# anthropic-beta header, a bearer token, cache_control on blocks, a role "system"
+# message between turns, adaptive thinking and fields this server does not use.
+CLAUDE_CODE_REQUEST: dict[str, Any] = {
+    "model": MODEL,
+    "max_tokens": 32000,
+    "system": [
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "Answer briefly."},
+    ],
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>Today is 2026-11-29.</system-reminder>"},
+                {"type": "text", "text": "Say hi", "cache_control": {"type": "ephemeral"}},
+            ],
+        },
+        {"role": "system", "content": "Available agent types: claude, Explore."},
+    ],
+    "tools": [
+        {
+            "name": "Bash",
+            "description": "Executes a bash command.",
+            "input_schema": {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+                "additionalProperties": False,
+            },
+        }
+    ],
+    "metadata": {"user_id": '{"device_id":"0","session_id":"1"}'},
+    "thinking": {"type": "adaptive"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+}
+CLAUDE_CODE_HEADERS = {
+    **HEADERS,
+    "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+    "authorization": "Bearer unused",
+}
+
+
+def test_a_claude_code_shaped_request(shared_daemon: DaemonProcess) -> None:
+    url = f"{shared_daemon.base_url}/v1/messages"
+    count_body = {k: v for k, v in CLAUDE_CODE_REQUEST.items() if k != "max_tokens"}
+    counted = httpx.post(
+        f"{url}/count_tokens?beta=true", json=count_body, headers=CLAUDE_CODE_HEADERS, timeout=60
+    )
+    assert counted.status_code == 200, counted.text
+    body = {**CLAUDE_CODE_REQUEST, "max_tokens": 8, "stream": True}
+    response = httpx.post(f"{url}?beta=true", json=body, headers=CLAUDE_CODE_HEADERS, timeout=120)
+    assert response.status_code == 200, response.text
+    events = check_stream(parse_sse(response.text))
+    assert events[0]["message"]["usage"]["input_tokens"] == counted.json()["input_tokens"]
 
 
 # --- models ----------------------------------------------------------------------------
