@@ -168,7 +168,7 @@ def test_final_assistant_turn_is_a_prefill() -> None:
 def test_thinking_switch_and_history() -> None:
     assert prompt(messages=[ASK]).template_kwargs == {}
     on = prompt(messages=[ASK], thinking={"type": "enabled", "budget_tokens": 2048})
-    assert on.template_kwargs == {"enable_thinking": True} and on.thinking
+    assert on.template_kwargs == {"enable_thinking": True}
     off = prompt(messages=[ASK], thinking={"type": "disabled"})
     assert off.template_kwargs == {"enable_thinking": False}
     history = {

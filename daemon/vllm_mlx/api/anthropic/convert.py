@@ -83,7 +83,6 @@ class ChatPrompt:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     continue_final: bool = False
     tool_specs: list[ToolSpec] = field(default_factory=list)
-    thinking: bool = False
     max_tool_calls: int | None = None  # 1 with disable_parallel_tool_use
 
 
@@ -98,17 +97,15 @@ def build_prompt(request: PromptFields) -> ChatPrompt:
     if system:
         messages.insert(0, {"role": "system", "content": system})
     kwargs: dict[str, Any] = {}
-    thinking = request.thinking is not None and request.thinking.type != "disabled"
     if request.thinking is not None:
         # Templates with a thinking switch (Qwen3 and kin) read enable_thinking.
-        kwargs["enable_thinking"] = thinking
+        kwargs["enable_thinking"] = request.thinking.type != "disabled"
     return ChatPrompt(
         messages=messages,
         tools=[_template_tool(tool) for tool in offered] or None,
         template_kwargs=kwargs,
         continue_final=continue_final,
         tool_specs=[ToolSpec(tool.name, tool.input_schema) for tool in offered],
-        thinking=thinking,
         max_tool_calls=1 if choice and choice.disable_parallel_tool_use else None,
     )
 
