@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     reload.add_argument("--config", help="the daemon's config file (to find its port)")
     reload.add_argument("--port", type=int, help="the daemon's port (default: from the config)")
     reload.add_argument("--pid", type=int, help="signal this process instead of looking it up")
-    from vllm_mlx.service import add_service_parser
+    from vllm_mlx.service_cli import add_service_parser
 
     add_service_parser(commands)
     return parser
@@ -233,7 +233,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from vllm_mlx.service import cmd_service
+    from vllm_mlx.service_cli import cmd_service
 
     handlers = {
         "serve": cmd_serve,

@@ -1,17 +1,17 @@
-"""`vllm-mlx service install|uninstall|status`: the daemon as a launchd or systemd service.
+"""The daemon as a launchd or systemd service: unit rendering and the managers' calls.
 
 The unit is rendered from launchd/vllm-mlx.plist.template or
 systemd/vllm-mlx.service.template with this install's paths and config. Everything
 that touches the system goes through a `ServiceManager`, whose launchctl/systemctl
 calls are plain subprocess calls made through one injected `Runner`, so rendering and
-the command sequence are tested on any platform.
+the command sequence are tested on any platform. The command line is service_cli.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
+import pwd
 import shlex
 import subprocess
 import sys
@@ -23,7 +23,7 @@ from string import Template
 from typing import Literal, Protocol
 from xml.sax.saxutils import escape
 
-from vllm_mlx.configfile import ConfigError, find_config_file, load_config, platform_config_paths
+from vllm_mlx.configfile import ConfigError, load_config
 
 Scope = Literal["user", "system"]
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
@@ -153,7 +153,7 @@ def _checked(result: subprocess.CompletedProcess[str]) -> None:
         raise ServiceError(f"`{shlex.join(result.args)}` failed ({result.returncode}): {output}")
 
 
-def _write(path: Path, text: str) -> None:
+def write_file(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     path.chmod(0o644)
@@ -179,7 +179,7 @@ class Launchd:
 
     def install(self, text: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        _write(self.unit_path, text)
+        write_file(self.unit_path, text)
         # A job already loaded keeps its old definition: unload first (an error here
         # only means it was not loaded).
         self.run(["launchctl", "bootout", f"{self.domain}/{LABEL}"])
@@ -209,7 +209,7 @@ class Systemd:
         return render_unit(spec)
 
     def install(self, text: str) -> None:
-        _write(self.unit_path, text)
+        write_file(self.unit_path, text)
         _checked(self.run([*self.systemctl, "daemon-reload"]))
         active = self.run([*self.systemctl, "is-active", "--quiet", UNIT]).returncode == 0
         if active:  # enable --now would leave the old definition running
@@ -252,46 +252,23 @@ def program_argv() -> tuple[str, ...]:
     return (str(python), "-m", "vllm_mlx.cli")
 
 
-def default_scope() -> Scope:
-    return "system" if os.geteuid() == 0 else "user"
+def service_home(scope: Scope) -> Path:
+    """The daemon's HOME: yours for a user service, root's for a system one."""
+    return Path.home() if scope == "user" else Path(pwd.getpwuid(0).pw_dir)
 
 
-def _reference_config() -> str:
-    """The commented reference config from a source checkout, else a minimal file."""
-    reference = Path(__file__).resolve().parents[2] / "config" / "vllm-mlx.yaml"
-    if reference.is_file():
-        text = reference.read_text(encoding="utf-8")
-        # Its schema comment is relative to the repository; the copy lives elsewhere.
-        return "\n".join(line for line in text.splitlines() if "$schema=" not in line) + "\n"
-    return (
-        "# vllm-mlx configuration: every key is described in docs/configuration.md.\n"
-        "server:\n  host: 127.0.0.1\n  port: 8000\n"
-    )
-
-
-def service_config(scope: Scope, explicit: str | None) -> tuple[Path, bool]:
-    """The config file the service runs with, and whether it was just created.
-
-    A named file is kept as named (a symlink stays a symlink); with none found, the
-    platform's per-user or system config file is created from the reference config.
-    """
-    if explicit:
-        path = Path(os.path.abspath(Path(explicit).expanduser()))
-        if not path.is_file():
-            raise ServiceError(f"config file {path} does not exist")
-        private_tmp = path.is_relative_to("/tmp") or path.is_relative_to("/var/tmp")
-        if scope == "system" and sys.platform.startswith("linux") and private_tmp:
-            # The system unit has PrivateTmp=yes: it would see an empty /tmp.
-            raise ServiceError(f"{path} is in a temporary directory the service cannot see")
-        return path, False
-    found = find_config_file()
-    if found is not None:
-        return found, False
-    user_path, system_path = platform_config_paths()
-    path = user_path if scope == "user" else system_path
-    _write(path, _reference_config())
-    path.chmod(0o600)  # API keys will go in here; the service runs as its owner
-    return path, True
+def caches(home: Path, configured: Path | None, environment: dict[str, str]) -> tuple[Path, ...]:
+    """The directories the daemon writes, as it will see them under the unit's
+    environment (HOME pinned, no XDG_CACHE_HOME): GGUF imports and the HF hub cache."""
+    if configured is not None:
+        text = str(configured)
+        cache = home / text[2:] if text.startswith("~/") else configured
+    elif sys.platform == "darwin":
+        cache = home / "Library" / "Caches" / "vllm-mlx"
+    else:
+        cache = home / ".cache" / "vllm-mlx"
+    hub = Path(environment.get("HF_HOME") or home / ".cache" / "huggingface")
+    return cache, hub
 
 
 def build_spec(scope: Scope, config: Path, extra_env: Sequence[str] = ()) -> ServiceSpec:
@@ -300,12 +277,9 @@ def build_spec(scope: Scope, config: Path, extra_env: Sequence[str] = ()) -> Ser
         settings = load_config(config).settings
     except ConfigError as exc:
         raise ServiceError(f"invalid configuration:\n{exc}") from exc
-    from huggingface_hub import constants
-
-    home = Path.home()
+    home = service_home(scope)
     program = program_argv()
     environment = {
-        # HOME pinned: the daemon then finds the same default cache dirs as this check.
         "HOME": str(home),
         "PATH": f"{Path(program[0]).parent}:{DEFAULT_PATH}",
         "PYTHONUNBUFFERED": "1",
@@ -320,75 +294,7 @@ def build_spec(scope: Scope, config: Path, extra_env: Sequence[str] = ()) -> Ser
         program=program,
         config=config,
         drain_timeout=settings.server.drain_timeout,
-        writable=(settings.resolved_cache_dir(), Path(constants.HF_HOME)),
+        writable=caches(home, settings.paths.cache_dir, environment),
         home=home,
         environment=environment,
     )
-
-
-def add_service_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    service = commands.add_parser(
-        "service", help="install, remove or inspect the launchd/systemd service"
-    )
-    service.add_argument("action", choices=["install", "uninstall", "status"])
-    scope = service.add_mutually_exclusive_group()
-    for name, what in (
-        ("user", "per-user LaunchAgent / systemd user unit (default unless root)"),
-        ("system", "system LaunchDaemon / systemd system unit (default as root)"),
-    ):
-        scope.add_argument(f"--{name}", dest="scope", action="store_const", const=name, help=what)
-    service.add_argument("--config", help="config file the service runs with (install)")
-    service.add_argument(
-        "--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment"
-    )
-    service.add_argument(
-        "--dry-run", action="store_true", help="print the rendered unit, change nothing"
-    )
-
-
-def cmd_service(args: argparse.Namespace, manager: ServiceManager | None = None) -> int:
-    scope: Scope = args.scope or default_scope()
-    try:
-        manager = manager or make_manager(scope)
-        if scope == "system" and os.geteuid() != 0 and not args.dry_run:
-            raise ServiceError("a system service needs root: run it with sudo")
-        handler = {"install": _install, "uninstall": _uninstall, "status": _status}
-        return handler[args.action](args, scope, manager)
-    except ServiceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-def _install(args: argparse.Namespace, scope: Scope, manager: ServiceManager) -> int:
-    if args.dry_run:
-        config = Path(args.config) if args.config else find_config_file()
-        spec = build_spec(scope, Path(os.path.abspath(config or "vllm-mlx.yaml")), args.env)
-        print(manager.render(spec), end="")
-        print(f"# would write {manager.unit_path}", file=sys.stderr)
-        return 0
-    config, created = service_config(scope, args.config)
-    if created:
-        print(f"created {config} from the reference config")
-    text = manager.render(build_spec(scope, config, args.env))
-    manager.install(text)
-    print(f"installed {manager.unit_path} (config: {config}) and started it")
-    if isinstance(manager, Systemd) and scope == "user":
-        print("to keep it running after you log out: loginctl enable-linger $USER")
-    return 0
-
-
-def _uninstall(args: argparse.Namespace, scope: Scope, manager: ServiceManager) -> int:
-    existed = manager.unit_path.exists()
-    manager.uninstall()
-    print(f"removed {manager.unit_path}" if existed else f"not installed: {manager.unit_path}")
-    return 0
-
-
-def _status(args: argparse.Namespace, scope: Scope, manager: ServiceManager) -> int:
-    if not manager.unit_path.exists():
-        print(f"not installed ({scope}): {manager.unit_path} does not exist")
-        return 3
-    print(f"installed ({scope}): {manager.unit_path}")
-    result = manager.status()
-    print((result.stdout or result.stderr).rstrip())
-    return result.returncode

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx import service
+from vllm_mlx import service, service_cli
 from vllm_mlx.service import (
     LABEL,
     UNIT,
@@ -20,11 +20,11 @@ from vllm_mlx.service import (
     ServiceSpec,
     Systemd,
     build_spec,
-    cmd_service,
     render_plist,
     render_unit,
     systemd_quote,
 )
+from vllm_mlx.service_cli import cmd_service
 
 
 class FakeRunner:
@@ -275,9 +275,9 @@ def test_cli_install_creates_a_config_when_none_exists(
     monkeypatch.delenv("VLLM_MLX_CONFIG", raising=False)
     created = tmp_path / "xdg" / "vllm-mlx" / "vllm-mlx.yaml"
     monkeypatch.setattr(
-        service, "platform_config_paths", lambda: [created, tmp_path / "system.yaml"]
+        service_cli, "platform_config_paths", lambda: [created, tmp_path / "system.yaml"]
     )
-    monkeypatch.setattr(service, "find_config_file", lambda explicit=None: None)
+    monkeypatch.setattr(service_cli, "find_config_file", lambda explicit=None: None)
     manager = Systemd("user", tmp_path / "cfg", FakeRunner({"is-active": 3}))
     assert cmd_service(args("install"), manager) == 0
     assert created.is_file() and "server:" in created.read_text()
@@ -292,3 +292,18 @@ def test_cli_reports_errors_without_traceback(
     manager = Systemd("user", tmp_path, FakeRunner())
     assert cmd_service(args("install", config=str(tmp_path / "missing.yaml")), manager) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_service_home_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pwd
+
+    assert service.service_home("system") == Path(pwd.getpwuid(0).pw_dir)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert service.service_home("user") == tmp_path
+    default_cache = service.caches(tmp_path, None, {})
+    assert default_cache[1] == tmp_path / ".cache" / "huggingface"
+    assert default_cache[0].is_relative_to(tmp_path)
+    assert service.caches(tmp_path, Path("~/models"), {"HF_HOME": "/hf"}) == (
+        tmp_path / "models",
+        Path("/hf"),
+    )
