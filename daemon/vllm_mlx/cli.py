@@ -168,12 +168,24 @@ def _config_source(explicit: str | None, loaded: LoadedConfig) -> Path | None:
     return loaded.path
 
 
+def _choose_blas(mode: str) -> None:
+    """Pick MLX's BLAS before anything imports mlx (see vllm_mlx.blas for why it must)."""
+    from vllm_mlx import blas
+
+    try:
+        blas.configure(mode)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     overrides = _serve_overrides(args)
     loaded = _apply_served_name(
         _load(args.config, overrides), args.served_model_name, bool(args.model), args
     )
     source = _config_source(args.config, loaded)
+    _choose_blas(loaded.settings.engine.blas)
 
     def reload_config() -> Settings:
         # Exactly what serve did: the same file, environment and flags.

@@ -108,6 +108,13 @@ class ModelSettings(Section):
         "Largest prompt + completion in tokens; default: the model's own maximum.",
         gt=0,
     )
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "quantized"] = setting(
+        "auto",
+        Reload.MODEL,
+        "Weight format served: `quantized` keeps the stored weights; `auto` picks by "
+        "backend (on the CPU with an optimized BLAS, float32, which decodes several times "
+        "faster there; otherwise the stored format). See docs/benchmarks.md.",
+    )
 
     enable_auto_tool_choice: bool = setting(
         False,
@@ -176,6 +183,14 @@ class EngineSettings(Section):
     )
     stream_interval: int = setting(
         1, Reload.HOT, "Tokens gathered before a streamed chunk is sent.", ge=1, le=1024
+    )
+    blas: str = setting(
+        "auto",
+        Reload.RESTART,
+        "Linux CPU: the BLAS MLX uses. `auto` loads OpenBLAS when installed (20-40x faster "
+        "matmuls than the reference BLAS in the mlx[cpu] wheel), `bundled` keeps the "
+        "wheel's own, or a path to a CBLAS/LAPACK shared library. Ignored on macOS.",
+        min_length=1,
     )
 
 

@@ -6,13 +6,16 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.engine.engine import LoadedModel
 from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
+
+if TYPE_CHECKING:
+    from vllm_mlx.models.dtype import DtypeDecision
 
 log = structlog.get_logger(__name__)
 
@@ -91,8 +94,17 @@ def load_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
     from mlx_lm.utils import load
 
     weights, tokenizer = load(str(model_dir))[:2]
+    weights, decision, blas_name = _apply_dtype(weights, model)
     elapsed = time.monotonic() - started
-    log.info("model loaded", model=model.name, directory=str(model_dir), seconds=round(elapsed, 2))
+    log.info(
+        "model loaded",
+        model=model.name,
+        directory=str(model_dir),
+        seconds=round(elapsed, 2),
+        dtype=decision.chosen,
+        dtype_reason=decision.reason,
+        blas=blas_name,
+    )
     return LoadedModel(
         name=model.name,
         model=weights,
@@ -101,6 +113,17 @@ def load_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
         directory=str(model_dir),
         load_seconds=elapsed,
     )
+
+
+def _apply_dtype(weights: Any, model: ModelSettings) -> tuple[Any, DtypeDecision, str]:
+    """The configured weight format; `auto` needs to know whether BLAS is optimized."""
+    from vllm_mlx import blas
+    from vllm_mlx.models.dtype import apply_dtype
+
+    choice = blas.active()
+    optimized = choice is not None and choice.optimized
+    weights, decision = apply_dtype(weights, model.dtype, blas_optimized=optimized)
+    return weights, decision, choice.name if choice else "not chosen"
 
 
 def describe_models(settings: Settings, resolve: bool = False) -> list[dict[str, Any]]:

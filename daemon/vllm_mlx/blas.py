@@ -1,0 +1,119 @@
+"""Make MLX's CPU backend use an optimized BLAS on Linux when one is installed.
+
+The `mlx[cpu]` wheel links netlib's reference BLAS/LAPACK (`mlx_cpu.libs/libblas-*.so`),
+which runs a float32 matmul at about 5 GFLOP/s on our 2-core test machine; Debian's
+OpenBLAS (`libopenblas0-pthread`) runs the same matmul at about 190 GFLOP/s.
+
+Mechanism: `libmlx.so` resolves `cblas_sgemm` & co. when it is loaded. The dynamic
+linker searches the global scope (the executable, LD_PRELOAD, and every library opened
+with RTLD_GLOBAL) before a library's own dependencies, so opening OpenBLAS with
+RTLD_GLOBAL *before mlx is first imported* makes MLX bind to OpenBLAS instead of the
+bundled netlib copy. This is what `LD_PRELOAD=libopenblas.so.0` does, without a re-exec
+or an environment variable the user must set. Once mlx is imported its symbols are
+bound and it is too late; `configure` then says so rather than pretending.
+
+On macOS MLX uses Accelerate (and Metal): nothing is loaded there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+AUTO = "auto"
+BUNDLED = "bundled"
+
+# Tried in order with the system loader's search (ld.so.cache, LD_LIBRARY_PATH).
+# Debian/Ubuntu: `libopenblas.so.0` is the alternatives link to the pthread (or
+# openmp/serial) build; Fedora/Arch ship the same soname.
+CANDIDATES = ("libopenblas.so.0", "libopenblas.so")
+
+
+@dataclass(frozen=True)
+class BlasChoice:
+    """What the process uses for BLAS, and why."""
+
+    name: str  # "accelerate", "bundled", or the library loaded (e.g. "openblas")
+    path: str | None  # the file loaded, when one was
+    reason: str
+
+    @property
+    def optimized(self) -> bool:
+        return self.name != BUNDLED
+
+
+_active: BlasChoice | None = None
+
+
+def active() -> BlasChoice | None:
+    """The choice `configure` made in this process (None when it was never called)."""
+    return _active
+
+
+def configure(mode: str = AUTO, platform: str | None = None) -> BlasChoice:
+    """Load an optimized BLAS for MLX; call before the first `import mlx`.
+
+    mode: `auto` (OpenBLAS when installed, else the bundled BLAS), `bundled` (leave
+    MLX's own), or a path to a shared library exporting the CBLAS and LAPACK symbols.
+    An explicit path that cannot be loaded raises ValueError; `auto` never fails.
+    Idempotent: a second call returns the first call's choice.
+    """
+    global _active
+    if _active is not None:
+        return _active
+    _active = _choose(mode, platform or sys.platform)
+    return _active
+
+
+def _choose(mode: str, platform: str) -> BlasChoice:
+    if platform == "darwin":
+        return BlasChoice("accelerate", None, "macOS: MLX uses Accelerate")
+    if mode == BUNDLED:
+        return BlasChoice(BUNDLED, None, "engine.blas is 'bundled'")
+    if "mlx.core" in sys.modules:
+        return BlasChoice(BUNDLED, None, "mlx was imported before the BLAS could be chosen")
+    if mode != AUTO:
+        return _load_explicit(mode)
+    for name in CANDIDATES:
+        handle = _open_global(name)
+        if handle is not None:
+            return BlasChoice("openblas", _mapped_path(name) or name, f"loaded {name}")
+    return BlasChoice(BUNDLED, None, f"no optimized BLAS found; {install_hint()}")
+
+
+def _load_explicit(path: str) -> BlasChoice:
+    file = Path(path).expanduser()
+    if _open_global(str(file)) is None:
+        raise ValueError(f"engine.blas: cannot load {file} as a shared library")
+    return BlasChoice(file.name.split(".so")[0].removeprefix("lib"), str(file), "engine.blas")
+
+
+def _open_global(name: str) -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+
+
+def _mapped_path(name: str) -> str | None:
+    """The file the loader actually mapped for `name` (it follows alternatives links)."""
+    stem = name.split(".so")[0]
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and Path(fields[-1]).name.startswith(stem):
+            return fields[-1]
+    return None
+
+
+def install_hint() -> str:
+    return (
+        "install OpenBLAS for 2-30x faster CPU inference "
+        "(Debian/Ubuntu: `sudo apt-get install libopenblas0-pthread`; "
+        "Fedora: `sudo dnf install openblas-threads`)"
+    )

@@ -1,0 +1,141 @@
+"""Weight format per model and backend: `dtype: auto|float32|float16|bfloat16|quantized`.
+
+Why `auto` differs by backend (measured, see docs/benchmarks.md):
+- Metal (and CUDA): quantized matmuls are native kernels and decoding is bound by
+  memory bandwidth, so fewer bytes per weight is faster. Keep what was stored.
+- CPU: MLX's quantized matmul is a plain loop that gains nothing from batching, while
+  a float32 matmul goes to BLAS. With an optimized BLAS (see vllm_mlx.blas) float32
+  weights decode several times faster and scale with the batch; float16/bfloat16 have
+  no BLAS path on the CPU and are slower still. So `auto` dequantizes to float32 on
+  the CPU when an optimized BLAS is in use and the float32 weights fit comfortably in
+  memory; otherwise it keeps the stored (smaller) format.
+
+Only the loader calls `apply_dtype`, on the thread that loads the model, before the
+engine thread owns it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import mlx.core as mx
+
+DType = Literal["auto", "float32", "float16", "bfloat16", "quantized"]
+DTYPES: tuple[DType, ...] = ("auto", "float32", "float16", "bfloat16", "quantized")
+
+# float32 weights may use at most this share of the memory available at load time:
+# the KV cache, activations and the rest of the system need the remainder.
+MEMORY_SHARE = 0.5
+
+_MX_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """What the loaded weights are, before any conversion."""
+
+    quantized: bool
+    float32_bytes: int  # the size of every weight as float32
+
+
+@dataclass(frozen=True)
+class DtypeDecision:
+    requested: DType
+    chosen: str  # "quantized" (kept as stored) or a float dtype name
+    reason: str
+
+
+def backend() -> str:
+    """`cpu`, `gpu` (Metal or CUDA): the device mlx computes on by default."""
+    return "cpu" if mx.default_device().type == mx.DeviceType.cpu else "gpu"
+
+
+def weight_info(model: Any) -> WeightInfo:
+    bits_of = {name: int(m.bits) for name, m in model.named_modules() if "scales" in m}
+    elements = 0
+    for name, value in _flat_parameters(model):
+        prefix, _, leaf = name.rpartition(".")
+        if prefix in bits_of:
+            # Packed uint32 words hold 32/bits weights; scales and biases vanish.
+            if leaf == "weight":
+                elements += value.size * 32 // bits_of[prefix]
+            elif leaf not in ("scales", "biases"):
+                elements += value.size
+        elif mx.issubdtype(value.dtype, mx.floating):
+            elements += value.size
+    return WeightInfo(bool(bits_of), elements * 4)
+
+
+def _flat_parameters(model: Any) -> list[tuple[str, mx.array]]:
+    from mlx.utils import tree_flatten
+
+    flat = tree_flatten(model.parameters())
+    assert isinstance(flat, list)  # tree_flatten returns a dict only when asked to
+    return flat
+
+
+def decide(
+    requested: DType,
+    info: WeightInfo,
+    *,
+    device: str,
+    blas_optimized: bool,
+    available_bytes: int,
+) -> DtypeDecision:
+    """Pure policy: which format to serve in (unit-tested without a model)."""
+    if requested != "auto":
+        if requested == "quantized" and not info.quantized:
+            return DtypeDecision(requested, "quantized", "the weights are not quantized: kept")
+        return DtypeDecision(requested, requested, "set in the config")
+    if device != "cpu":
+        return DtypeDecision(requested, "quantized", "GPU: keep the stored format")
+    if not blas_optimized:
+        return DtypeDecision(
+            requested, "quantized", "CPU without an optimized BLAS: keep the stored format"
+        )
+    budget = int(available_bytes * MEMORY_SHARE)
+    if info.float32_bytes > budget:
+        return DtypeDecision(
+            requested,
+            "quantized",
+            f"float32 weights ({info.float32_bytes >> 20} MiB) exceed {MEMORY_SHARE:.0%} "
+            f"of available memory ({available_bytes >> 20} MiB)",
+        )
+    return DtypeDecision(requested, "float32", "CPU with an optimized BLAS: float32 is faster")
+
+
+def convert(model: Any, chosen: str) -> Any:
+    """Dequantize and cast in place; `quantized` leaves the model as loaded."""
+    if chosen == "quantized":
+        return model
+    from mlx_lm.utils import dequantize_model
+
+    model = dequantize_model(model)
+    model.set_dtype(_MX_DTYPES[chosen])
+    mx.eval(model.parameters())
+    return model
+
+
+def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[Any, DtypeDecision]:
+    import psutil
+
+    decision = decide(
+        requested,
+        weight_info(model),
+        device=backend(),
+        blas_optimized=blas_optimized,
+        available_bytes=psutil.virtual_memory().available,
+    )
+    return convert(model, decision.chosen), decision
+
+
+def describe(model: Any) -> str:
+    """The dtype a loaded model computes in, for logs: `quantized` or a float name."""
+    for _, module in model.named_modules():
+        if "scales" in module:
+            return "quantized"
+    for _, value in _flat_parameters(model):
+        if mx.issubdtype(value.dtype, mx.floating):
+            return str(value.dtype).removeprefix("mlx.core.")
+    return "unknown"
