@@ -7,11 +7,12 @@ every stream is checked against the hosted spec and the event protocol.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from tests.support.anthropic import check_stream, parse_sse, validate
-from vllm_mlx.api.anthropic.stream import MessageBuilder
+from vllm_mlx.api.anthropic.stream import MessageBuilder, with_keepalive
 from vllm_mlx.api.sse import named_event
 from vllm_mlx.engine.types import Finished, FinishReason, Usage
 from vllm_mlx.parsers import (
@@ -154,3 +155,34 @@ def test_cut_short_tool_call_keeps_max_tokens() -> None:
     assert message["content"] == [
         {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {}}
     ]
+
+
+def test_keepalive_ticks_while_waiting_and_closing_closes_the_source() -> None:
+    async def scenario() -> tuple[list[str | None], bool]:
+        release = asyncio.Event()
+        closed = asyncio.Event()
+
+        async def source() -> AsyncIterator[str]:
+            try:
+                yield "first"
+                await release.wait()  # a long prefill: nothing to send for a while
+                yield "second"
+                await asyncio.Event().wait()  # never: the client leaves first
+            finally:
+                closed.set()
+
+        seen: list[str | None] = []
+        stream = with_keepalive(source(), every=0.01)
+        async for item in stream:
+            seen.append(item)
+            if item is None and "second" not in seen:
+                release.set()
+            if item == "second":
+                break
+        await stream.aclose()  # what a disconnect does to the response's iterator
+        return seen, closed.is_set()
+
+    seen, closed = asyncio.run(scenario())
+    assert seen[0] == "first" and seen[-1] == "second"
+    assert None in seen[1:-1]  # at least one tick while the source was silent
+    assert closed

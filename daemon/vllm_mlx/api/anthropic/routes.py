@@ -8,7 +8,8 @@ when the request carries an anthropic-version header.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import structlog
@@ -18,7 +19,7 @@ from litestar.response import Stream
 
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
-from vllm_mlx.api.anthropic.stream import Event, MessageBuilder
+from vllm_mlx.api.anthropic.stream import PING_EVERY_S, Event, MessageBuilder, with_keepalive
 from vllm_mlx.api.common import parse_body, server_state
 from vllm_mlx.api.errors import APIError, to_api_error
 from vllm_mlx.api.generation import (
@@ -63,7 +64,7 @@ def _sse(event: Event) -> bytes:
 
 async def _output(
     target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt
-) -> AsyncIterator[Output]:
+) -> AsyncGenerator[Output, None]:
     """Reasoning, text and tool calls as the model's configured parsers split them."""
     # No tools offered (none given, or tool_choice none): calls stay plain text.
     parser = output_parser_for(target, gen, prompt.tool_specs or None)
@@ -78,25 +79,28 @@ async def _output(
         yield event
 
 
-async def _coalesced(events: AsyncIterator[Output], interval: int) -> AsyncIterator[Output]:
+async def _coalesced(
+    events: AsyncGenerator[Output, None], interval: int
+) -> AsyncGenerator[Output, None]:
     """Join runs of text (or thinking) deltas into one per `interval` tokens."""
     pending: list[str] = []
     kind: type[ContentDelta] | type[ReasoningDelta] = ContentDelta
-    async for event in events:
-        if isinstance(event, ContentDelta | ReasoningDelta):
-            if pending and not isinstance(event, kind):
+    async with aclosing(events):  # closing this closes the generation at once
+        async for event in events:
+            if isinstance(event, ContentDelta | ReasoningDelta):
+                if pending and not isinstance(event, kind):
+                    yield kind("".join(pending))
+                    pending = []
+                kind = type(event)
+                pending.append(event.text)
+                if len(pending) >= interval:
+                    yield kind("".join(pending))
+                    pending = []
+                continue
+            if pending:
                 yield kind("".join(pending))
                 pending = []
-            kind = type(event)
-            pending.append(event.text)
-            if len(pending) >= interval:
-                yield kind("".join(pending))
-                pending = []
-            continue
-        if pending:
-            yield kind("".join(pending))
-            pending = []
-        yield event
+            yield event
 
 
 async def _stream(
@@ -106,7 +110,11 @@ async def _stream(
         yield _sse(event)
     interval = target.settings.engine.stream_interval
     try:
-        async for output in _coalesced(_output(target, gen, prompt), interval):
+        outputs = _coalesced(_output(target, gen, prompt), interval)
+        async for output in with_keepalive(outputs, PING_EVERY_S):
+            if output is None:
+                yield _sse({"type": "ping"})
+                continue
             if not isinstance(output, Finished):
                 for event in builder.feed(output):
                     yield _sse(event)

@@ -9,8 +9,10 @@ always agree on what the model said.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, TypeVar
 
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.engine.types import Finished
@@ -23,6 +25,11 @@ from vllm_mlx.parsers.types import (
 )
 
 Event = dict[str, Any]
+Item = TypeVar("Item")
+
+# A `ping` after this many silent seconds (a long prefill, a slow step) keeps clients
+# and proxies from dropping the stream as idle; the hosted API pings the same way.
+PING_EVERY_S = 10.0
 
 _EMPTY_BLOCKS: dict[str, dict[str, Any]] = {
     "text": {"type": "text", "text": ""},
@@ -158,3 +165,33 @@ def _json_object(text: str) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+async def with_keepalive(
+    events: AsyncGenerator[Item, None], every: float
+) -> AsyncIterator[Item | None]:
+    """`events`, plus None each time `every` seconds pass without one.
+
+    The pending item is awaited in its own task so a tick never cancels it; closing
+    this iterator (client gone) cancels that task, which closes `events` and so
+    aborts the generation behind it.
+    """
+    end = object()
+    pending: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events, end))
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield None
+                continue
+            item, pending = pending.result(), None
+            if item is end:
+                return
+            yield item
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})
+        await events.aclose()  # also when the client left while an item was being sent
