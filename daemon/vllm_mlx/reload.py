@@ -36,6 +36,8 @@ M = TypeVar("M", bound=BaseModel)
 # watchfiles groups events until none arrived for STEP_MS, at most DEBOUNCE_MS: an
 # editor's write-temp-then-rename burst becomes one reload, and a save applies in ~0.1 s.
 STEP_MS = 100
+# The restart keys a full reload applies (by opening a new listener beside the old).
+LISTENER_KEYS = frozenset({"server.host", "server.port"})
 DEBOUNCE_MS = 300
 WATCH_RETRY_S = 1.0  # after the watcher itself failed (a watched directory vanished)
 
@@ -58,8 +60,20 @@ def field_kind(info: FieldInfo) -> Reload:
     return Reload(marker) if isinstance(marker, str) else Reload.RESTART
 
 
-def merge_hot(running: M, new: M, prefix: str = "") -> tuple[M, list[Change]]:
-    """`running` with the hot changes from `new` applied, and every change found.
+Take = Callable[["Change"], bool]  # whether a change is applied now
+
+
+def _hot(change: Change) -> bool:
+    return change.kind is Reload.HOT
+
+
+def merge_hot(running: M, new: M) -> tuple[M, list[Change]]:
+    """`running` with the hot changes from `new` applied, and every change found."""
+    return merge(running, new, _hot)
+
+
+def merge(running: M, new: M, take: Take, prefix: str = "") -> tuple[M, list[Change]]:
+    """`running` with the changes from `new` that `take` accepts, and every change found.
 
     Sections and lists of sections are compared item by item, so a hot key inside a
     model entry (its aliases) applies even though the entry as a whole is `model`.
@@ -71,27 +85,28 @@ def merge_hot(running: M, new: M, prefix: str = "") -> tuple[M, list[Change]]:
         if old == new_value:
             continue
         key = f"{prefix}.{name}" if prefix else name
-        merged, found = _merge_value(old, new_value, field_kind(info), key)
+        merged, found = _merge_value(old, new_value, field_kind(info), key, take)
         changes.extend(found)
         if merged is not old:
             updates[name] = merged
     return (running.model_copy(update=updates) if updates else running), changes
 
 
-def _merge_value(old: Any, new: Any, kind: Reload, key: str) -> tuple[Any, list[Change]]:
+def _merge_value(
+    old: Any, new: Any, kind: Reload, key: str, take: Take
+) -> tuple[Any, list[Change]]:
     if isinstance(old, BaseModel) and type(old) is type(new):
-        return merge_hot(old, new, key)
+        return merge(old, new, take, key)
     if _same_shape_model_lists(old, new):
         items: list[Any] = []
         changes: list[Change] = []
         for index, (old_item, new_item) in enumerate(zip(old, new, strict=True)):
-            merged, found = _merge_value(old_item, new_item, kind, f"{key}[{index}]")
+            merged, found = _merge_value(old_item, new_item, kind, f"{key}[{index}]", take)
             items.append(merged)
             changes.extend(found)
         return items, changes
-    if kind is Reload.HOT:
-        return new, [Change(key, kind)]
-    return old, [Change(key, kind)]
+    change = Change(key, kind)
+    return (new if take(change) else old), [change]
 
 
 def _same_shape_model_lists(old: Any, new: Any) -> bool:
@@ -125,10 +140,12 @@ class Reloader:
         load: Callable[[], Settings],
         apply_full: FullApply,
         on_result: ResultHook | None = None,
+        reloadable_restart_keys: frozenset[str] = LISTENER_KEYS,
     ) -> None:
         self.state = state
         self._load = load
         self._apply_full = apply_full
+        self._reloadable = reloadable_restart_keys
         self._on_result = on_result
         self._listeners: list[SettingsListener] = []
         self._lock = asyncio.Lock()
@@ -150,14 +167,7 @@ class Reloader:
             return None
         merged, changes = merge_hot(self.state.settings, new)
         self._install(merged, [c for c in changes if c.kind is Reload.HOT])
-        pending = [c for c in changes if c.kind is not Reload.HOT]
-        self.state.pending_changes = [str(c) for c in pending]
-        if pending:
-            log.warning(
-                "config changes pending a reload",
-                keys=self.state.pending_changes,
-                hint="send SIGHUP or run `vllm-mlx reload` to apply them",
-            )
+        self._set_pending([c for c in changes if c.kind is not Reload.HOT])
         self._count(True)
         return changes
 
@@ -174,18 +184,36 @@ class Reloader:
         new = self._try_load()
         if new is None:
             return None
-        _, changes = merge_hot(self.state.settings, new)
-        heavy = [c for c in changes if c.kind is not Reload.HOT]
+        # Restart keys other than the listener's (engine.blas: chosen before mlx loads)
+        # need a new process: they stay pending, at their running values.
+        merged, changes = merge(self.state.settings, new, self._reloadable_now)
+        applied = [c for c in changes if self._reloadable_now(c)]
+        heavy = [c for c in applied if c.kind is not Reload.HOT]
         if heavy:
             try:
-                await self._apply_full(new, heavy)
+                await self._apply_full(merged, heavy)
             except Exception as exc:
                 self._reject(f"reload failed: {exc}", [str(exc)])
                 return None
-        self._install(new, changes)
-        self.state.pending_changes = []
+        self._install(merged, applied)
+        self._set_pending([c for c in changes if not self._reloadable_now(c)])
         self._count(True)
         return changes
+
+    def _reloadable_now(self, change: Change) -> bool:
+        return change.kind is not Reload.RESTART or change.key in self._reloadable
+
+    def _set_pending(self, pending: Sequence[Change]) -> None:
+        self.state.pending_changes = [str(c) for c in pending]
+        if not pending:
+            return
+        needs_restart = [c.key for c in pending if not self._reloadable_now(c)]
+        log.warning(
+            "config changes pending",
+            keys=self.state.pending_changes,
+            hint="SIGHUP or `vllm-mlx reload` applies model and listener changes"
+            + (f"; {', '.join(needs_restart)} need a daemon restart" if needs_restart else ""),
+        )
 
     def _try_load(self) -> Settings | None:
         try:

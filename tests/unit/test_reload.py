@@ -289,3 +289,14 @@ def test_swap_retires_engines_no_longer_served() -> None:
     retired = registry.swap(kept, [b], SchedulerConfig())
     assert retired == [engines["a"]]  # type: ignore[comparison-overlap]
     assert registry.resolve("a") is None and [e.settings.name for e in registry.entries()] == ["b"]
+
+
+def test_full_reload_leaves_process_restart_keys_pending() -> None:
+    # engine.blas is chosen before mlx is imported: no reload can apply it.
+    h = Harness(settings(server={"port": 8000}))
+    h.next = settings(server={"port": 9000}, engine={"blas": "bundled"})
+    asyncio.run(h.reloader.reload_all())
+    assert [c.key for c in h.full_calls[0]] == ["server.port"]
+    assert h.state.settings.server.port == 9000
+    assert h.state.settings.engine.blas == "auto"  # still the running value
+    assert h.state.pending_changes == ["engine.blas (restart)"]
