@@ -141,15 +141,22 @@ def pip_vllm_mlx_spec(venv: str | None, model_dir: Path) -> PeerSpec:
 
 
 def _ready(spec: PeerSpec) -> bool:
+    """Ready = a one-token chat completion succeeds (a listening server may still be loading)."""
+    body = {
+        "model": spec.model_id,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+    }
     try:
-        return httpx.get(f"{spec.base_url}/v1/models", timeout=5).status_code == 200
+        reply = httpx.post(f"{spec.base_url}/v1/chat/completions", json=body, timeout=60)
     except httpx.HTTPError:
         return False
+    return reply.status_code == 200
 
 
 @contextmanager
 def running(spec: PeerSpec, log_path: Path) -> Iterator[PeerSpec]:
-    """Start the server, wait until /v1/models answers, stop it (SIGTERM, then SIGKILL)."""
+    """Start the server, wait until it generates, stop it (SIGTERM, then SIGKILL)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **spec.env}
     with log_path.open("wb") as log:
         process = subprocess.Popen(

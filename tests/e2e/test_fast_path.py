@@ -1,0 +1,61 @@
+"""The default daemon on Linux takes the fast CPU path: OpenBLAS and float32 weights."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+
+import httpx
+import pytest
+
+from tests.conftest import StartDaemon
+
+
+def openblas_installed() -> bool:
+    try:
+        ctypes.CDLL("libopenblas.so.0")
+    except OSError:
+        return False
+    return True
+
+
+def model_loaded_line(log: str) -> dict[str, object]:
+    for line in log.splitlines():
+        if line.startswith("{") and '"model loaded"' in line:
+            record: dict[str, object] = json.loads(line)
+            return record
+    raise AssertionError(f"no 'model loaded' line in:\n{log[-3000:]}")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the Linux CPU backend")
+@pytest.mark.skipif(not openblas_installed(), reason="OpenBLAS is not installed")
+def test_default_config_serves_float32_on_openblas(start_daemon: StartDaemon) -> None:
+    daemon = start_daemon()
+    record = model_loaded_line(daemon.log_text())
+    assert record["blas"] == "openblas"
+    assert record["dtype"] == "float32"
+    reply = httpx.post(
+        f"{daemon.base_url}/v1/chat/completions",
+        json={
+            "model": "default",
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 8,
+            "temperature": 0,
+        },
+        timeout=120,
+    )
+    assert reply.status_code == 200
+    assert reply.json()["usage"]["completion_tokens"] > 0
+
+
+def test_dtype_quantized_keeps_the_stored_weights(start_daemon: StartDaemon) -> None:
+    daemon = start_daemon(
+        {
+            "models": [
+                {"name": "smol", "source": "builtin:smollm2-135m-instruct", "dtype": "quantized"}
+            ]
+        }
+    )
+    record = model_loaded_line(daemon.log_text())
+    assert record["dtype"] == "quantized"
