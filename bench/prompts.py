@@ -61,6 +61,11 @@ class PromptSet:
             return [
                 {"role": "user", "content": f"Request {index}: write a long story about {topic}."}
             ]
+        if self.name == "unique":
+            # Distinct from the first token: no server can reuse a cached prompt prefix.
+            system = f"Session {index}. You are a helpful assistant."
+            content = f"Write a long story about {topic}."
+            return [{"role": "system", "content": system}, {"role": "user", "content": content}]
         if self.name == "long600":
             report = _document(560, index)
             question = f"Request {index}: summarize the report above, then write about {topic}."
@@ -76,6 +81,7 @@ class PromptSet:
 
 PROMPT_SETS = {
     "short": PromptSet("short", "short chat question (about 30 prompt tokens)"),
+    "unique": PromptSet("unique", "short chat whose first tokens differ (no prefix reuse)"),
     "long600": PromptSet("long600", "a 600-token document plus a question"),
     "prefix2k": PromptSet("prefix2k", "a shared 2k-token system prompt plus a short question"),
 }

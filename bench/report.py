@@ -17,6 +17,19 @@ class Row:
     prompt_set: str
     concurrency: int
     summary: Summary
+    round: int = 0
+
+
+def representative(rows: Sequence[Row]) -> list[Row]:
+    """Per server and scenario, the round with the median aggregate tok/s."""
+    groups: dict[tuple[str, str, int], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.server, row.prompt_set, row.concurrency), []).append(row)
+    out = []
+    for group in groups.values():
+        ordered = sorted(group, key=lambda r: r.summary.aggregate_tok_s)
+        out.append(ordered[(len(ordered) - 1) // 2])
+    return out
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

@@ -25,8 +25,25 @@ def _find(rows: Sequence[report.Row], prefix: str, prompt_set: str, conc: int) -
     return None
 
 
+def round_ratios(rows: Sequence[report.Row], prompt_set: str, conc: int) -> list[float]:
+    """vllm-mlx / mlx_lm.server (float32) aggregate tok/s, round by round."""
+    out = []
+    for index in sorted({r.round for r in rows}):
+        in_round = [r for r in rows if r.round == index]
+        ours = _find(in_round, "vllm-mlx (", prompt_set, conc)
+        theirs = _find(in_round, "mlx_lm.server (float32", prompt_set, conc)
+        value = ratio(
+            ours.aggregate_tok_s if ours else None, theirs.aggregate_tok_s if theirs else None
+        )
+        if value is not None:
+            out.append(value)
+    return out
+
+
 def goals(rows: Sequence[report.Row], baseline: dict[str, Any]) -> list[str]:
     """The issue's goals as measured ratios (short prompts)."""
+    rounds = round_ratios(rows, "short", 16)
+    rows = report.representative(rows)
     top = max(r.concurrency for r in rows if r.concurrency <= 16)
     ours16 = _find(rows, "vllm-mlx (", "short", top)
     mlx16 = _find(rows, "mlx_lm.server (float32", "short", top)
@@ -45,7 +62,8 @@ def goals(rows: Sequence[report.Row], baseline: dict[str, Any]) -> list[str]:
     ttft = ratio(mlx1.ttft_s.p50 if mlx1 else None, ours1.ttft_s.p50 if ours1 else None)
     return [
         f"- concurrency {top}, aggregate tok/s, vllm-mlx / mlx_lm.server (same weights and "
-        f"BLAS): **{fmt(ratio(agg(ours16), agg(mlx16)), '>= 1.5x')}**",
+        f"BLAS): **{fmt(ratio(agg(ours16), agg(mlx16)), '>= 1.5x')}**"
+        + (f" (each round: {', '.join(f'{r:.2f}x' for r in rounds)})" if len(rounds) > 1 else ""),
         f"- concurrency {top}, aggregate tok/s, vllm-mlx / llama-server: "
         f"**{fmt(ratio(agg(ours16), agg(llama16)), 'stretch >= 0.75x')}**",
         f"- concurrency 1, streamed decode tok/s through HTTP / engine-only stream_generate: "
@@ -86,6 +104,7 @@ def markdown(
     command = "python bench/run.py " + shlex.join(list(argv or [f"--{mode}"]))
     machine_lines = [f"- {key}: {value}" for key, value in info.items()]
     skipped = [f"- {s.label}: skipped ({s.skip})" for s in specs if s.skip]
+    all_rows, rows = rows, report.representative(rows)
     subject = next(r.server for r in rows if r.server.startswith("vllm-mlx ("))
     others = list(dict.fromkeys(r.server for r in rows if r.server != subject))
     parts = [
@@ -97,13 +116,15 @@ def markdown(
         "",
         "## Goals",
         "",
-        *goals(rows, baseline),
+        *goals(all_rows, baseline),
         "",
         "## Engine-only baseline (mlx-lm in-process)",
         "",
         baseline_table(baseline),
         "",
         "## Servers",
+        "",
+        "Each row is the round with the median aggregate tok/s (JSON: every round).",
         "",
         report.results_table(rows),
         "",
@@ -128,7 +149,7 @@ def write_results(
     plan: Any,
     argv: Sequence[str] | None,
 ) -> list[Path]:
-    plots = report.plot(rows, out_dir, mode)
+    plots = report.plot(report.representative(rows), out_dir, mode)
     md = out_dir / f"results-{mode}.md"
     md.write_text(markdown(mode, info, specs, baseline, rows, plots, argv))
     data = {

@@ -23,6 +23,8 @@ from typing import Any
 if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import yaml
+
 from bench import machine, peers, report
 from bench.loadgen import Scenario, run_scenario, warm_up
 from bench.prompts import PROMPT_SETS
@@ -35,16 +37,28 @@ MLX_LM_SHIPPED = "mlx_lm.server (4-bit, bundled BLAS)"
 
 @dataclass(frozen=True)
 class Plan:
-    prompt_sets: tuple[str, ...]
-    concurrency: tuple[int, ...]
+    # prompt set -> the concurrency levels it is measured at
+    sets: tuple[tuple[str, tuple[int, ...]], ...]
     max_tokens: int
     deadline_s: float
+    rounds: int  # every scenario this many times, servers in alternating order
     shipped_peer: bool  # also mlx_lm.server as a user gets it (slow: few scenarios)
 
 
 PLANS = {
-    "quick": Plan(("short",), (1, 16), 32, 240.0, False),
-    "full": Plan(("short", "long600", "prefix2k"), (1, 4, 8, 16, 32), 128, 600.0, True),
+    "quick": Plan((("short", (1, 16)),), 32, 240.0, 2, False),
+    "full": Plan(
+        (
+            ("short", (1, 4, 8, 16, 32)),
+            ("unique", (16,)),
+            ("long600", (1, 4, 16)),
+            ("prefix2k", (1, 16)),
+        ),
+        64,
+        600.0,
+        1,
+        True,
+    ),
 }
 
 
@@ -54,7 +68,7 @@ def requests_per_client(concurrency: int) -> int:
 
 
 def engine_baseline(model_dir: Path, plan: Plan) -> dict[str, Any]:
-    sizes = ",".join(str(c) for c in plan.concurrency)
+    sizes = ",".join(str(c) for c in plan.sets[0][1])
     command = [
         sys.executable, "-m", "bench.engine_baseline", "--model-dir", str(model_dir),
         "--max-tokens", str(plan.max_tokens), "--batch-sizes", sizes,
@@ -76,6 +90,10 @@ def build_specs(args: argparse.Namespace, plan: Plan, work: Path) -> list[peers.
     bl = "OpenBLAS" if choice.optimized else "bundled BLAS"
     specs = [
         peers.vllm_mlx_spec(work, model_dir, f"{VLLM_MLX} (dtype auto, {bl})"),
+        *(
+            peers.vllm_mlx_spec(work, model_dir, f"{VLLM_MLX} {v} ({bl})", _engine_overrides(v))
+            for v in args.variant
+        ),
         peers.mlx_lm_spec(f32_dir, f"{MLX_LM} (float32, {bl})", choice.path),
     ]
     if plan.shipped_peer:
@@ -88,6 +106,12 @@ def build_specs(args: argparse.Namespace, plan: Plan, work: Path) -> list[peers.
     return specs
 
 
+def _engine_overrides(variant: str) -> dict[str, Any]:
+    """`max_batch_size=32,prefill_batch_size=16` -> engine settings (YAML-typed values)."""
+    pairs = (item.split("=", 1) for item in variant.split(",") if item)
+    return {key: yaml.safe_load(value) for key, value in pairs}
+
+
 def _first_source(config: str | None) -> str:
     from vllm_mlx.configfile import load_config
 
@@ -96,14 +120,16 @@ def _first_source(config: str | None) -> str:
 
 def _scenarios(plan: Plan, spec: peers.PeerSpec) -> list[Scenario]:
     out = []
-    for name in plan.prompt_sets:
-        for conc in plan.concurrency:
+    for name, levels in plan.sets:
+        for conc in levels:
             if spec.label == MLX_LM_SHIPPED and (name != "short" or conc > 4):
                 continue  # 4-bit + reference BLAS runs at ~5 tok/s: keep it bounded
-            per_client = 1 if spec.label == MLX_LM_SHIPPED else requests_per_client(conc)
-            out.append(
-                Scenario(PROMPT_SETS[name], conc, per_client, plan.max_tokens, plan.deadline_s)
+            shipped = spec.label == MLX_LM_SHIPPED
+            per_client = 1 if shipped or name != "short" else requests_per_client(conc)
+            scenario = Scenario(
+                PROMPT_SETS[name], conc, per_client, plan.max_tokens, plan.deadline_s
             )
+            out.append(scenario)
     return out
 
 
@@ -112,23 +138,38 @@ async def _measure(specs: list[peers.PeerSpec], plan: Plan) -> list[report.Row]:
     for spec in specs:
         await warm_up(spec.base_url, spec.model_id, _scenarios(plan, spec)[0])
     keys = [(s.prompt_set.name, s.concurrency) for s in _scenarios(plan, specs[0])]
-    for turn, key in enumerate(keys):
-        # Alternate the order so load drift on a shared machine does not favour one server.
-        order = specs if turn % 2 == 0 else list(reversed(specs))
-        for spec in order:
-            scenario = next(
-                (s for s in _scenarios(plan, spec) if (s.prompt_set.name, s.concurrency) == key),
-                None,
-            )
-            if scenario is None:
-                continue
-            results = await run_scenario(spec.base_url, spec.model_id, scenario)
-            row = report.Row(spec.label, key[0], key[1], summarize(results))
-            print(f"  {key[0]:>8} c={key[1]:<3} {spec.label:<45} "
-                  f"{row.summary.aggregate_tok_s:7.1f} tok/s  errors={row.summary.errors}",
-                  flush=True)  # fmt: skip
-            rows.append(row)
+    turn = 0
+    for round_index in range(plan.rounds):
+        for key in keys:
+            # Alternate the order so load drift on a shared machine favours no server.
+            order = specs if turn % 2 == 0 else list(reversed(specs))
+            turn += 1
+            for spec in order:
+                scenario = next(
+                    (
+                        s
+                        for s in _scenarios(plan, spec)
+                        if (s.prompt_set.name, s.concurrency) == key
+                    ),
+                    None,
+                )
+                if scenario is not None:
+                    rows.append(await _one(spec, scenario, round_index))
     return rows
+
+
+async def _one(spec: peers.PeerSpec, scenario: Scenario, round_index: int) -> report.Row:
+    results = await run_scenario(spec.base_url, spec.model_id, scenario)
+    row = report.Row(
+        spec.label, scenario.prompt_set.name, scenario.concurrency, summarize(results), round_index
+    )
+    print(
+        f"  r{round_index} {row.prompt_set:>8} c={row.concurrency:<3} {spec.label:<50} "
+        f"{row.summary.aggregate_tok_s:7.1f} tok/s  TTFT p50 {row.summary.ttft_s.p50:6.2f} s  "
+        f"errors={row.summary.errors}",
+        flush=True,
+    )
+    return row
 
 
 def measure_servers(specs: list[peers.PeerSpec], plan: Plan, work: Path) -> list[report.Row]:
@@ -149,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary")
     parser.add_argument("--pip-vllm-mlx", help="a venv with the vllm-mlx PyPI package")
     parser.add_argument("--threads", type=int, default=2, help="llama-server threads")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="also run vllm-mlx with these engine settings, e.g. max_batch_size=32",
+    )
     parser.add_argument("--out", default=str(peers.REPO / "docs" / "bench"))
     args = parser.parse_args(argv)
     plan = PLANS[args.mode or "quick"]
@@ -160,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = build_specs(args, plan, work)
         info = machine.describe(specs[0].label.split(", ")[-1].rstrip(")"))
         print(f"engine-only baseline ({info['load_average_start']} load)", flush=True)
-        baseline = engine_baseline(Path(specs[1].model_id), plan)
+        mlx_lm = next(s for s in specs if s.label.startswith(MLX_LM))
+        baseline = engine_baseline(Path(mlx_lm.model_id), plan)
         rows = measure_servers(specs, plan, work)
     info["load_average_end"] = machine.load_average()
     from bench.results import write_results

@@ -173,10 +173,10 @@ class EngineSettings(Section):
         "runs at a time and the others queue (never refused).",
     )
     max_batch_size: int = setting(
-        16, Reload.MODEL, "Most sequences decoded together in one step.", ge=1, le=1024
+        32, Reload.MODEL, "Most sequences decoded together in one step.", ge=1, le=1024
     )
     prefill_batch_size: int = setting(
-        8, Reload.MODEL, "Most prompts processed together in one step.", ge=1, le=1024
+        16, Reload.MODEL, "Most prompts processed together in one step.", ge=1, le=1024
     )
     prefill_step_size: int = setting(
         512, Reload.MODEL, "Prompt tokens processed per step per prompt.", ge=16

@@ -76,8 +76,10 @@ _Command = _Add | _Abort | _Stop
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch_size: int = 16
-    prefill_batch_size: int = 8
+    # Defaults chosen by measurement (docs/benchmarks.md): a 16-request burst is
+    # prefilled in one pass, and 32 streams decode together before any queue.
+    max_batch_size: int = 32
+    prefill_batch_size: int = 16
     prefill_step_size: int = 512
 
 
