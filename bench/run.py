@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -172,13 +173,23 @@ async def _one(spec: peers.PeerSpec, scenario: Scenario, round_index: int) -> re
     return row
 
 
-def measure_servers(specs: list[peers.PeerSpec], plan: Plan, work: Path) -> list[report.Row]:
-    runnable = [s for s in specs if s.skip is None]
+def measure_servers(
+    specs: list[peers.PeerSpec], plan: Plan, work: Path
+) -> tuple[list[report.Row], list[peers.PeerSpec]]:
+    """Rows for every server that started; specs with `skip` set for those that did not."""
+    started, final = [], []
     with contextlib.ExitStack() as stack:
-        for spec in runnable:
-            print(f"starting {spec.label}", flush=True)
-            stack.enter_context(peers.running(spec, work / f"{spec.name}-{spec.port}.log"))
-        return asyncio.run(_measure(runnable, plan))
+        for spec in specs:
+            if spec.skip is None:
+                print(f"starting {spec.label}", flush=True)
+                try:
+                    stack.enter_context(peers.running(spec, work / f"{spec.name}-{spec.port}.log"))
+                    started.append(spec)
+                except RuntimeError as exc:
+                    print(f"  {spec.label} failed to start: {exc}", flush=True)
+                    spec = dataclasses.replace(spec, skip=f"failed to start: {str(exc)[:200]}")
+            final.append(spec)
+        return asyncio.run(_measure(started, plan)), final
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine-only baseline ({info['load_average_start']} load)", flush=True)
         mlx_lm = next(s for s in specs if s.label.startswith(MLX_LM))
         baseline = engine_baseline(Path(mlx_lm.model_id), plan)
-        rows = measure_servers(specs, plan, work)
+        rows, specs = measure_servers(specs, plan, work)
     info["load_average_end"] = machine.load_average()
     from bench.results import write_results
 
