@@ -167,5 +167,6 @@ def test_prefilled_assistant_turn_is_continued(client: anthropic.Anthropic) -> N
         extra_body=GREEDY,
     )
     text = message.content[0].text
-    # The reply starts where the prefill stops: it does not repeat it.
-    assert "Paris" in text and "capital" not in text
+    # The reply starts where the prefill stops: it does not repeat it, and its leading
+    # space survives, so prefill + reply reads as one sentence.
+    assert text.startswith(" Paris") and "capital" not in text

@@ -138,3 +138,15 @@ def test_special_tokens_never_reach_the_text(engine: Engine) -> None:
         engine, request(engine, "sp", "Hi", max_tokens=4, logit_bias={im_start: 100.0})
     )
     assert result[0] == "" and result[1].usage.completion_tokens == 4
+
+
+def test_detokenizer_keeps_leading_space_and_whole_characters(engine: Engine) -> None:
+    from vllm_mlx.engine.output import Detokenizer
+
+    text = " Paris, café 日本 🐍!"
+    tokens = engine.tokenizer.encode(text, add_special_tokens=False)
+    detokenizer = Detokenizer(engine.tokenizer)
+    pieces = [detokenizer.add([token]) for token in tokens]
+    pieces.append(detokenizer.finish())
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in piece for piece in pieces)  # no split multi-byte characters

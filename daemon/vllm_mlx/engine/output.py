@@ -81,7 +81,14 @@ class StopMatcher:
 
 class Detokenizer:
     def __init__(self, tokenizer: Any) -> None:
-        self._detokenizer = tokenizer.detokenizer
+        detokenizer = tokenizer.detokenizer
+        # mlx-lm drops the reply's first leading space (a console nicety); a completion
+        # of "The capital of France is" needs its " Paris", so keep the text as decoded.
+        if hasattr(detokenizer, "trim_space"):
+            detokenizer.trim_space = False
+        if hasattr(detokenizer, "_maybe_trim_space"):
+            detokenizer._maybe_trim_space = lambda text: text
+        self._detokenizer = detokenizer
         self._special: frozenset[int] = frozenset(getattr(tokenizer, "all_special_ids", ()))
 
     def add(self, tokens: Sequence[int]) -> str:
