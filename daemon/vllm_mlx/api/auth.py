@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vllm_mlx.api.anthropic.convert import error_body as anthropic_error_body
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.openai.convert import error_body as openai_error_body
 
 Protocol = Literal["openai", "anthropic"]
-
-ANTHROPIC_ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 
 
 def protocol_of(path: str, headers: Mapping[str, str]) -> Protocol:
@@ -89,6 +88,5 @@ def authenticate(headers: Mapping[str, str], keys: Sequence[str]) -> AuthResult:
 def error_payload(protocol: Protocol, error: APIError) -> dict[str, Any]:
     """An error body in the protocol's own shape."""
     if protocol == "anthropic":
-        kind = ANTHROPIC_ERROR_TYPES.get(error.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": error.message}}
+        return dict(anthropic_error_body(error))
     return dict(openai_error_body(error))
