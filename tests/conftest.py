@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -116,6 +117,22 @@ def launch(
     return DaemonProcess(process, port, config_path, log_path)
 
 
+@contextlib.contextmanager
+def running(
+    directory: Path,
+    cache_dir: Path,
+    config: dict[str, Any] | None = None,
+    args: list[str] | None = None,
+) -> Iterator[DaemonProcess]:
+    """A healthy daemon for the block (module fixtures share one this way), then stopped."""
+    daemon = launch(directory, cache_dir, config, args)
+    try:
+        daemon.wait_healthy()
+        yield daemon
+    finally:
+        daemon.stop()
+
+
 StartDaemon = Callable[..., DaemonProcess]
 
 
@@ -147,9 +164,5 @@ def shared_daemon(
     tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
 ) -> Iterator[DaemonProcess]:
     """One daemon with the default config for a whole test module (tests that change nothing)."""
-    daemon = launch(tmp_path_factory.mktemp("shared-daemon"), model_cache_dir)
-    try:
-        daemon.wait_healthy()
+    with running(tmp_path_factory.mktemp("shared-daemon"), model_cache_dir) as daemon:
         yield daemon
-    finally:
-        daemon.stop()

@@ -23,7 +23,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import DaemonProcess, launch
+from tests.conftest import DaemonProcess, running
 from tests.support.anthropic import check_stream, parse_sse, validate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
@@ -57,14 +57,10 @@ def daemon(
         {"name": "replay", "source": f"replay:{FIXTURES / 'hermes_call.json'}", **PARSERS},
         {"name": "replay-answer", "source": f"replay:{FIXTURES / 'anthropic_answer.json'}"},
     ]
-    process = launch(
+    with running(
         tmp_path_factory.mktemp("anthropic-tools"), model_cache_dir, {"models": models}
-    )
-    try:
-        process.wait_healthy()
+    ) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import DaemonProcess, launch
+from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import scrape, value
 
 KEY, OTHER_KEY = "sk-test-0123456789", "second-key"
@@ -37,12 +37,8 @@ def daemon(
         "server": {"cors_origins": [ORIGIN]},
         "metrics": {"enabled": True},
     }
-    process = launch(tmp_path_factory.mktemp("ops-auth"), model_cache_dir, config)
-    try:
-        process.wait_healthy()
+    with running(tmp_path_factory.mktemp("ops-auth"), model_cache_dir, config) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def _assert_shape(response: httpx.Response, protocol: str, status: int, kind: str) -> None:

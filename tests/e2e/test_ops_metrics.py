@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import DaemonProcess, launch
+from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import (
     MODEL,
     NO_EOS,
@@ -44,14 +44,10 @@ HISTOGRAMS = (
 def daemon(
     tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
 ) -> Iterator[DaemonProcess]:
-    process = launch(
+    with running(
         tmp_path_factory.mktemp("ops-metrics"), model_cache_dir, {"metrics": {"enabled": True}}
-    )
-    try:
-        process.wait_healthy()
+    ) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import DaemonProcess, launch
+from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import NO_EOS, chat_body, scrape, value
 
 KEYS = ("key-a", "key-b", "key-c", "key-d")
@@ -22,12 +22,10 @@ def daemon(
     args = [arg for key in KEYS for arg in ("--api-key", key)]
     args += ["--rate-limit", str(PER_MINUTE), "--enable-metrics", "--timeout", "1.5"]
     config = {"auth": {"metrics_require_key": True}}
-    process = launch(tmp_path_factory.mktemp("ops-ratelimit"), model_cache_dir, config, args)
-    try:
-        process.wait_healthy()
+    with running(
+        tmp_path_factory.mktemp("ops-ratelimit"), model_cache_dir, config, args
+    ) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def _models(daemon: DaemonProcess, key: str, **headers: str) -> httpx.Response:

@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.conftest import DaemonProcess, launch
+from tests.conftest import DaemonProcess, running
 from tests.support.spec import validate_openai
 
 REPLAY = Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "hermes_call.json"
@@ -54,12 +54,8 @@ def daemon(
             "tool_call_parser": "hermes",
         },
     ]
-    process = launch(tmp_path_factory.mktemp("tools"), model_cache_dir, {"models": models})
-    try:
-        process.wait_healthy()
+    with running(tmp_path_factory.mktemp("tools"), model_cache_dir, {"models": models}) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,3 @@ def validator(spec_name: str, schema_name: str) -> jsonschema.Draft202012Validat
 
 def validate_openai(schema_name: str, instance: Any) -> None:
     validator("openai-openapi.yaml", schema_name).validate(instance)
-
-
-def validate_anthropic(schema_name: str, instance: Any) -> None:
-    validator("anthropic-hosted_spec.json", schema_name).validate(instance)
