@@ -102,6 +102,7 @@ def markdown(
     argv: Sequence[str] | None,
 ) -> str:
     command = "python bench/run.py " + shlex.join(list(argv or [f"--{mode}"]))
+    command = command.replace(str(Path.home()), "~")
     machine_lines = [f"- {key}: {value}" for key, value in info.items()]
     skipped = [f"- {s.label}: skipped ({s.skip})" for s in specs if s.skip]
     all_rows, rows = rows, report.representative(rows)

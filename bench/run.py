@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also run vllm-mlx with these engine settings, e.g. max_batch_size=32",
     )
     parser.add_argument("--out", default=str(peers.REPO / "docs" / "bench"))
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     plan = PLANS[args.mode or "quick"]
     out_dir = Path(args.out)
