@@ -15,8 +15,9 @@ from typing import Any
 import yaml
 
 from vllm_mlx import __version__
-from vllm_mlx.config import Settings
+from vllm_mlx.config import LoggingSettings, Settings
 from vllm_mlx.configfile import CONFIG_ENV_VAR, ConfigError, LoadedConfig, load_config
+from vllm_mlx.logging import configure_logging
 from vllm_mlx.parsers.reasoning import reasoning_parser_names
 from vllm_mlx.parsers.tool_calls import tool_call_parser_names
 
@@ -246,6 +247,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from vllm_mlx.service_cli import cmd_service
+
+    if args.command != "serve":
+        configure_logging(LoggingSettings(format="console"), stream=sys.stderr)
 
     handlers = {
         "serve": cmd_serve,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -24,8 +24,13 @@ def use_json(settings: LoggingSettings) -> bool:
     return settings.format == "json"
 
 
-def configure_logging(settings: LoggingSettings) -> None:
-    """Safe to call again: hot reload swaps level and format in place."""
+def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -> None:
+    """Safe to call again: hot reload swaps level and format in place.
+
+    The daemon logs to stdout (launchd and journald collect it); one-shot commands pass
+    stderr so their stdout stays machine-readable (`vllm-mlx models --json`).
+    """
+    out = stream or sys.stdout
     level = _LEVELS[settings.level]
     renderer: Any = (
         structlog.processors.JSONRenderer()
@@ -40,11 +45,11 @@ def configure_logging(settings: LoggingSettings) -> None:
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
     # Third-party stdlib loggers (granian, huggingface_hub) go through the same renderer.
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler(out)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[

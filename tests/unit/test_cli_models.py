@@ -1,0 +1,18 @@
+"""`vllm-mlx models --json`: stdout is only the JSON (logs go to stderr)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_models_json_is_machine_readable(tmp_path: Path, model_cache_dir: Path) -> None:
+    config = tmp_path / "vllm-mlx.yaml"
+    config.write_text(f"paths:\n  cache_dir: {model_cache_dir}\n")
+    command = [sys.executable, "-m", "vllm_mlx.cli", "models", "--config", str(config), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=120)
+    (row,) = json.loads(done.stdout)
+    assert row["name"] == "smollm2-135m-instruct" and row["aliases"] == ["default"]
+    assert (Path(row["directory"]) / "config.json").is_file()
