@@ -25,28 +25,26 @@ import pytest
 
 from tests.conftest import DaemonProcess, running
 from tests.support.anthropic import check_stream, parse_sse, validate
+from tests.support.replay import (
+    CALLS,
+    FIXTURES,
+    PARSERS,
+    QUESTION,
+    THOUGHT,
+    TOOL_ARGS,
+    tool_schema,
+)
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
 HEADERS = {"anthropic-version": "2023-06-01"}
 TOOLS: list[Any] = [
     {
         "name": name,
         "description": f"{name} tool",
-        "input_schema": {"type": "object", "properties": {arg: {"type": "string"}}},
+        "input_schema": tool_schema(arg),
     }
-    for name, arg in (("get_weather", "city"), ("get_time", "zone"))
+    for name, arg in TOOL_ARGS
 ]
-ASK = {"role": "user", "content": "What's the weather and time in Paris?"}
-THOUGHT = "The user wants the weather, so I call the tool."
-CALLS = [
-    ("get_weather", {"city": "Paris", "unit": "celsius"}),
-    ("get_time", {"zone": "Europe/Paris"}),
-]
-PARSERS = {
-    "enable_auto_tool_choice": True,
-    "tool_call_parser": "hermes",
-    "reasoning_parser": "qwen3",
-}
+ASK = {"role": "user", "content": QUESTION}
 
 
 @pytest.fixture(scope="module")

@@ -17,27 +17,31 @@ import openai
 import pytest
 
 from tests.conftest import DaemonProcess, running
+from tests.support.replay import (
+    CALLS,
+    HERMES_CALL,
+    PARSERS,
+    QUESTION,
+    THOUGHT,
+    TOOL_ARGS,
+    tool_schema,
+)
 from tests.support.spec import validate_openai
 
-REPLAY = Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "hermes_call.json"
+REPLAY = HERMES_CALL
 TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
             "name": name,
             "description": f"{name} tool",
-            "parameters": {"type": "object", "properties": {arg: {"type": "string"}}},
+            "parameters": tool_schema(arg),
         },
     }
-    for name, arg in (("get_weather", "city"), ("get_time", "zone"))
+    for name, arg in TOOL_ARGS
 ]
-ASK = [{"role": "user", "content": "What's the weather and time in Paris?"}]
-REPLAY_MODEL = {
-    "source": f"replay:{REPLAY}",
-    "enable_auto_tool_choice": True,
-    "tool_call_parser": "hermes",
-    "reasoning_parser": "qwen3",
-}
+ASK = [{"role": "user", "content": QUESTION}]
+REPLAY_MODEL = {"source": f"replay:{REPLAY}", **PARSERS}
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +80,10 @@ def test_calls_reasoning_and_content_non_streaming(client: openai.OpenAI) -> Non
     message = choice.message
     assert message.content == "Let me check."
     extra = message.model_extra or {}
-    assert extra["reasoning"] == "The user wants the weather, so I call the tool."
+    assert extra["reasoning"] == THOUGHT
     assert extra["reasoning_content"] == extra["reasoning"]
     calls = message.tool_calls or []
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
-        ("get_weather", {"city": "Paris", "unit": "celsius"}),
-        ("get_time", {"zone": "Europe/Paris"}),
-    ]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == CALLS
     assert all(c.id.startswith("call_") and c.type == "function" for c in calls)
 
 
@@ -112,12 +113,9 @@ def test_streamed_result_equals_non_streamed(client: openai.OpenAI) -> None:
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls"
     assert kinds.index("content") > max(i for i, k in enumerate(kinds) if k == "reasoning")
-    assert reasoning == "The user wants the weather, so I call the tool."
+    assert reasoning == THOUGHT
     assert content == "Let me check."
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
-        ("get_weather", {"city": "Paris", "unit": "celsius"}),
-        ("get_time", {"zone": "Europe/Paris"}),
-    ]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == CALLS
 
 
 def test_tool_choice_none_offers_no_tools_and_parses_no_calls(client: openai.OpenAI) -> None:
