@@ -184,6 +184,14 @@ class EngineSettings(Section):
     stream_interval: int = setting(
         1, Reload.HOT, "Tokens gathered before a streamed chunk is sent.", ge=1, le=1024
     )
+    prefix_cache_mb: int = setting(
+        512,
+        Reload.MODEL,
+        "Memory for the prefix cache, per model: KV caches of finished requests are kept "
+        "(least recently used first out) so a prompt that shares a prefix with an earlier "
+        "one (a system prompt, a conversation so far) skips that part of prefill. 0 = off.",
+        ge=0,
+    )
     blas: str = setting(
         "auto",
         Reload.RESTART,

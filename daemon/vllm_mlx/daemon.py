@@ -46,13 +46,12 @@ ABORT_GRACE_S = 5.0
 
 
 def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
+    cache_bytes = engine.prefix_cache_mb * 2**20
     if not engine.continuous_batching:
         # Simple mode: one sequence at a time; the rest wait in the generator's queue.
-        return SchedulerConfig(
-            max_batch_size=1, prefill_batch_size=1, prefill_step_size=engine.prefill_step_size
-        )
+        return SchedulerConfig(1, 1, engine.prefill_step_size, cache_bytes)
     return SchedulerConfig(
-        engine.max_batch_size, engine.prefill_batch_size, engine.prefill_step_size
+        engine.max_batch_size, engine.prefill_batch_size, engine.prefill_step_size, cache_bytes
     )
 
 

@@ -167,10 +167,10 @@ class Metrics:
             ("model_name", "finished_reason"),
         )
         self.prefix_cache_queries = c(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in queried tokens (no cache yet)."
+            "vllm:prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up."
         )
         self.prefix_cache_hits = c(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in cached tokens (no cache yet)."
+            "vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens reused from the cache."
         )
         self.ttft = h(
             "vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
@@ -299,6 +299,9 @@ class RequestMetrics:
         if not self._prefill_seen and trace.prefill_done_at is not None:
             self._prefill_seen = True
             self._m.prompt_tokens.labels(self._model).inc(self._prompt_tokens)
+            # vLLM counts prefix-cache queries and hits in tokens.
+            self._m.prefix_cache_queries.labels(self._model).inc(self._prompt_tokens)
+            self._m.prefix_cache_hits.labels(self._model).inc(trace.cached_tokens)
             started = trace.prefill_started_at or trace.arrived_at
             self._m.queue_time.labels(self._model).observe(max(0.0, started - trace.arrived_at))
             self._m.prefill_time.labels(self._model).observe(

@@ -126,8 +126,14 @@ def test_counters_and_histograms_move_with_requests(
     assert _delta(before, after, "vllm:generation_tokens_total", **m) == generated
     assert _delta(before, after, "vllm:request_prompt_tokens_sum", **m) == prompt
     assert _delta(before, after, "vllm:request_generation_tokens_sum", **m) == generated
-    # Requests ran one at a time to their length limit: every step's tokens are theirs.
-    assert _delta(before, after, "vllm:iteration_tokens_total_sum", **m) == prompt + generated
+    # Requests ran one at a time to their length limit: every step's tokens are theirs,
+    # less the prompt tokens the prefix cache supplied (they are not computed again).
+    cached = _delta(before, after, "vllm:prefix_cache_hits_total", **m)
+    assert _delta(before, after, "vllm:prefix_cache_queries_total", **m) == prompt
+    assert cached > 0  # the chat prompts share the template's default system prompt
+    assert (
+        _delta(before, after, "vllm:iteration_tokens_total_sum", **m) == prompt - cached + generated
+    )
     finished = _delta(before, after, "vllm:request_success_total", finished_reason="length", **m)
     finished += _delta(before, after, "vllm:request_success_total", finished_reason="stop", **m)
     assert finished == served

@@ -31,8 +31,8 @@ def test_idle_status_has_the_seed_fields(shared_daemon: DaemonProcess) -> None:
     assert document["uptime_s"] > 0
     assert document["memory"]["active_gb"] > 0
     assert document["memory"]["peak_gb"] >= document["memory"]["active_gb"]
-    # No prefix cache exists yet: reported as such, not as invented numbers.
-    assert document["cache"] == {"type": "none", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
+    # The prefix cache is on by default and empty before the first request.
+    assert document["cache"] == {"type": "prefix", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
     [block] = document["models"]
     assert block["model"] == MODEL and block["status"] == "running"
     assert Path(document["config"]["path"]).resolve() == shared_daemon.config_path.resolve()

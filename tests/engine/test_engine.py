@@ -150,3 +150,53 @@ def test_detokenizer_keeps_leading_space_and_whole_characters(engine: Engine) ->
     pieces.append(detokenizer.finish())
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)  # no split multi-byte characters
+
+
+def test_prefix_cache_reuses_a_shared_prefix_with_identical_output(engine: Engine) -> None:
+    from vllm_mlx.engine.types import PromptProcessed
+
+    system = "You are a geography teacher who answers in one short sentence. " * 6
+    prompts = [
+        [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        for q in ("What is the capital of France?", "What is the capital of Italy?")
+    ]
+    token_lists = [
+        list(engine.tokenizer.apply_chat_template(p, add_generation_prompt=True)) for p in prompts
+    ]
+
+    async def cached_tokens_and_text(
+        target: Engine, tokens: list[int], rid: str
+    ) -> tuple[int, str]:
+        cached, parts = 0, []
+        request = GenerationRequest(rid, tokens, 8, SamplingParams())
+        async for event in target.events(request):
+            if isinstance(event, PromptProcessed):
+                cached = event.cached_tokens
+            elif hasattr(event, "tokens"):
+                parts.append(target.tokenizer.decode(event.tokens))
+        return cached, "".join(parts)
+
+    uncached = Engine(engine.loaded, SchedulerConfig(prefix_cache_bytes=0))
+    uncached.start()
+    try:
+        cold = [
+            asyncio.run(cached_tokens_and_text(uncached, t, f"u{i}"))
+            for i, t in enumerate(token_lists)
+        ]
+    finally:
+        uncached.stop()
+    cache_engine = Engine(engine.loaded, SchedulerConfig(prefix_cache_bytes=64 * 2**20))
+    cache_engine.start()
+    try:
+        first = asyncio.run(cached_tokens_and_text(cache_engine, token_lists[0], "c0"))
+        second = asyncio.run(cached_tokens_and_text(cache_engine, token_lists[1], "c1"))
+        again = asyncio.run(cached_tokens_and_text(cache_engine, token_lists[1], "c2"))
+        summary = cache_engine.scheduler.prefix_cache.summary()
+    finally:
+        cache_engine.stop()
+    shared = next(i for i, (a, b) in enumerate(zip(*token_lists, strict=False)) if a != b)
+    assert first[0] == 0 and cold[0][0] == 0
+    assert shared - 2 <= second[0] <= shared  # the system prompt and template were reused
+    assert again[0] == len(token_lists[1]) - 1  # an exact repeat re-feeds only its last token
+    assert [first[1], second[1], again[1]] == [cold[0][1], cold[1][1], cold[1][1]]
+    assert summary["entries"] >= 1 and summary["hits"] == 2 and summary["memory_mb"] > 0

@@ -77,10 +77,7 @@ def _model_block(entry: ModelEntry) -> dict[str, Any]:
     requests: list[dict[str, Any]] = []
     if engine is not None:
         scheduler, stats = engine.scheduler, engine.scheduler.stats
-        requests = [
-            {**r, "model": entry.settings.name, "cache_hit_type": "none", "cached_tokens": 0}
-            for r in scheduler.snapshot()
-        ]
+        requests = [{**r, "model": entry.settings.name} for r in scheduler.snapshot()]
         capacity = scheduler.max_batch_size * engine.context_length
         block |= {
             "steps_executed": stats.steps_executed,
@@ -100,9 +97,23 @@ def _model_block(entry: ModelEntry) -> dict[str, Any]:
     # Counted from the same snapshot as `requests`, so the two always agree.
     block["num_running"] = sum(1 for r in requests if r["phase"] != "queued")
     block["num_waiting"] = sum(1 for r in requests if r["phase"] == "queued")
-    block["cache"] = dict(NO_CACHE)
+    block["cache"] = engine.scheduler.prefix_cache.summary() if engine else dict(NO_CACHE)
     block["requests"] = requests
     return block
+
+
+def _total_cache(caches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every model's prefix cache as one block (the seed's single-model shape)."""
+    if not caches:
+        return dict(NO_CACHE)
+    queries = sum(c.get("queries", 0) for c in caches)
+    hits = sum(c.get("hits", 0) for c in caches)
+    return {
+        "type": "prefix" if any(c["type"] == "prefix" for c in caches) else "none",
+        "entries": sum(c["entries"] for c in caches),
+        "hit_rate": round(hits / queries, 4) if queries else 0.0,
+        "memory_mb": round(sum(c["memory_mb"] for c in caches), 3),
+    }
 
 
 def _memory_block() -> dict[str, float]:
@@ -141,7 +152,7 @@ def status_document(state: ServerState) -> dict[str, Any]:
     }
     if sys.platform == "darwin":
         document["metal"] = dict(memory)  # the seed's key, kept for its clients
-    document["cache"] = dict(NO_CACHE)
+    document["cache"] = _total_cache([b["cache"] for b in blocks])
     document["requests"] = [r for b in blocks for r in b["requests"]]
     document["models"] = blocks
     document["config"] = state.config_status()

@@ -34,6 +34,7 @@ class RequestTrace:
     request_id: str
     arrived_at: float = field(default_factory=time.monotonic)
     prefill_done_at: float | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied
     first_token_at: float | None = None
     finished_at: float | None = None
     token_times: list[float] = field(default_factory=list)
@@ -118,6 +119,7 @@ async def generate_text(
     async for event in engine.events(request):
         if isinstance(event, PromptProcessed):
             trace.prefill_done_at = event.at
+            trace.cached_tokens = event.cached_tokens
             trace.prefill_started_at = event.started_at
         elif isinstance(event, TokensGenerated):
             now = time.monotonic()

@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 from mlx_lm.generate import BatchGenerator
 
+from vllm_mlx.engine.cache import PrefixCache
 from vllm_mlx.engine.sampling import (
     LogitsProcessor,
     make_forcing_processor,
@@ -49,6 +50,7 @@ class _Slot:
     generated: int = 0
     pending: list[int] = field(default_factory=list)
     prompt_done: int = 0  # prompt tokens processed so far
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     prefill_started_at: float | None = None
     first_token_at: float | None = None
 
@@ -81,6 +83,7 @@ class SchedulerConfig:
     max_batch_size: int = 32
     prefill_batch_size: int = 16
     prefill_step_size: int = 512
+    prefix_cache_bytes: int = 0  # 0 = no prefix cache
 
 
 @dataclass
@@ -102,6 +105,7 @@ class Scheduler:
     ) -> None:
         self._model = model
         self._forced = forced_tokens
+        self.prefix_cache = PrefixCache(config.prefix_cache_bytes)
         self._eos = eos_token_ids
         self._config = config
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
@@ -202,17 +206,22 @@ class Scheduler:
     def _add(self, command: _Add) -> None:
         request = command.request
         assert self._generator is not None
+        hit = self.prefix_cache.lookup(request.prompt_tokens)
         try:
             (uid,) = self._generator.insert(
-                [request.prompt_tokens],
+                [hit.rest],
                 max_tokens=[request.max_tokens],
+                # The cached prefix's tokens go in all_tokens so the sequence's token
+                # record (the key its cache is stored under when it ends) stays whole.
+                caches=None if hit.cache is None else [hit.cache],
+                all_tokens=[list(request.prompt_tokens[: hit.cached])],
                 samplers=[make_sampler(request.sampling)],
                 logits_processors=[self._processors(request)],
             )
         except Exception as exc:
             command.sink(SequenceFinished(FinishReason.ERROR, f"cannot schedule: {exc}"))
             return
-        slot = _Slot(request, command.sink, uid)
+        slot = _Slot(request, command.sink, uid, cached_tokens=hit.cached, prompt_done=hit.cached)
         self._slots[uid] = slot
         self._by_request[request.request_id] = slot
 
@@ -261,12 +270,16 @@ class Scheduler:
             if slot.phase == "queued":
                 slot.phase, slot.prefill_started_at = "prefill", started
             done = response.progress[0] if isinstance(response.progress, tuple) else 0
+            done += slot.cached_tokens
             prompt_tokens += max(0, done - slot.prompt_done)
             slot.prompt_done = max(slot.prompt_done, done)
             if response.end_of_prompt:
                 slot.phase = "generation"
                 self.stats.prompt_tokens += len(slot.request.prompt_tokens)
-                self._post(slot, PromptProcessed(now, started_at=slot.prefill_started_at))
+                processed = PromptProcessed(
+                    now, cached_tokens=slot.cached_tokens, started_at=slot.prefill_started_at
+                )
+                self._post(slot, processed)
         finished: list[tuple[_Slot, str]] = []
         for gen in generation_responses:
             slot = self._slots.get(gen.uid)
@@ -280,6 +293,8 @@ class Scheduler:
                 slot.pending.append(gen.token)
             if gen.finish_reason is not None:
                 finished.append((slot, gen.finish_reason))
+                if gen.prompt_cache is not None and gen.all_tokens:
+                    self.prefix_cache.store(gen.all_tokens, gen.prompt_cache)
         for slot in self._slots.values():
             if slot.pending:
                 self._post(slot, TokensGenerated(slot.pending))
@@ -325,6 +340,8 @@ def _describe(slot: _Slot, now: float) -> dict[str, Any]:
         "max_tokens": request.max_tokens,
         "prompt_tokens": prompt_len,
         "prompt_tokens_processed": slot.prompt_done,
+        "cached_tokens": slot.cached_tokens,
+        "cache_hit_type": "prefix" if slot.cached_tokens else "none",
         "tokens_per_second": round(speed, 3),
         "ttft_s": None if ttft is None else round(ttft, 4),
         "progress": round(min(1.0, progress), 4),
