@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vllm_mlx.service_cli import cmd_service
 
     if args.command != "serve":
-        configure_logging(LoggingSettings(format="console"), stream=sys.stderr)
+        configure_logging(LoggingSettings(format="console"), to_stderr=True)
 
     handlers = {
         "serve": cmd_serve,

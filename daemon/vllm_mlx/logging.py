@@ -24,13 +24,29 @@ def use_json(settings: LoggingSettings) -> bool:
     return settings.format == "json"
 
 
-def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -> None:
+class _CurrentStream:
+    """sys.stdout or sys.stderr as it is at each write, not as it was when logging was
+    set up: whoever swaps the stream later (tests, a redirecting parent) is followed."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        stream: TextIO = getattr(sys, self._name)
+        return stream.write(text)
+
+    def flush(self) -> None:
+        stream: TextIO = getattr(sys, self._name)
+        stream.flush()
+
+
+def configure_logging(settings: LoggingSettings, to_stderr: bool = False) -> None:
     """Safe to call again: hot reload swaps level and format in place.
 
-    The daemon logs to stdout (launchd and journald collect it); one-shot commands pass
-    stderr so their stdout stays machine-readable (`vllm-mlx models --json`).
+    The daemon logs to stdout (launchd and journald collect it); one-shot commands log
+    to stderr so their stdout stays machine-readable (`vllm-mlx models --json`).
     """
-    out = stream or sys.stdout
+    out: Any = _CurrentStream("stderr" if to_stderr else "stdout")
     level = _LEVELS[settings.level]
     renderer: Any = (
         structlog.processors.JSONRenderer()
