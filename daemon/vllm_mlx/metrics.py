@@ -337,6 +337,14 @@ class RequestMetrics:
         label = reason if reason in FINISH_REASONS else "stop"  # tool_calls ends as a stop
         m.request_success.labels(model, label).inc()
 
+    def failed(self, trace: RequestTrace) -> None:
+        """The engine failed or refused the request: counted as `error`."""
+        if self._done:
+            return
+        self.update(trace)
+        self._done = True
+        self._m.request_success.labels(self._model, "error").inc()
+
     def aborted(self, trace: RequestTrace, reason: str) -> None:
         """The generation was cut short: the client left or the deadline passed."""
         if self._done:

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from tests.support.anthropic import validate
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
-from vllm_mlx.api.errors import APIError, from_validation_error
-from vllm_mlx.engine.types import Finished, FinishReason, Usage
+from vllm_mlx.api.errors import APIError, from_validation_error, to_api_error
+from vllm_mlx.engine.types import FinishReason, raise_for_failure
 
 WEATHER = {
     "name": "get_weather",
@@ -247,15 +247,26 @@ def test_error_bodies(error: APIError, wire_type: str) -> None:
     validate(body, "ErrorResponse")
 
 
+def _failure(reason: FinishReason, message: str = "", refused: bool = False) -> APIError | None:
+    try:
+        raise_for_failure(reason, message, refused)
+    except Exception as exc:
+        return to_api_error(exc)
+    return None
+
+
 def test_unfinished_generations_are_errors() -> None:
-    usage = Usage(3, 1)
-    assert convert.failure(Finished(FinishReason.STOP, usage)) is None
-    assert convert.failure(Finished(FinishReason.LENGTH, usage)) is None
-    error = convert.failure(Finished(FinishReason.ERROR, usage, message="engine error: boom"))
+    assert _failure(FinishReason.STOP) is None
+    assert _failure(FinishReason.LENGTH) is None
+    error = _failure(FinishReason.ERROR, "engine error: boom")
     assert error is not None and error.status == 500 and "boom" in error.message
     assert convert.error_type(error) == "api_error"
-    aborted = convert.failure(Finished(FinishReason.ABORT, usage, message="the engine stopped"))
-    assert aborted is not None and convert.error_type(aborted) == "overloaded_error"
+    refused = _failure(FinishReason.ERROR, "top_k must be at least 0", refused=True)
+    assert refused is not None and refused.status == 400
+    assert convert.error_type(refused) == "invalid_request_error"
+    aborted = _failure(FinishReason.ABORT, "the engine stopped")
+    assert aborted is not None and aborted.status == 503
+    assert convert.error_type(aborted) == "overloaded_error"
 
 
 @pytest.mark.parametrize(

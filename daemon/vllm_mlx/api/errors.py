@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from vllm_mlx.engine.types import EngineError, EngineUnavailableError
+from vllm_mlx.engine.types import EngineError, EngineUnavailableError, GenerationFailedError
 
 
 @dataclass
@@ -67,6 +67,8 @@ def to_api_error(exc: Exception) -> APIError:
         return bad_request(str(exc))
     if isinstance(exc, EngineUnavailableError):
         return APIError(503, str(exc), "unavailable", code="service_unavailable")
+    if isinstance(exc, GenerationFailedError):
+        return APIError(500, f"generation failed: {exc}", "server_error", code="engine_error")
     if isinstance(exc, TimeoutError):
         return APIError(504, "the request timed out", "timeout", code="timeout")
     return APIError(500, "internal server error", "server_error")

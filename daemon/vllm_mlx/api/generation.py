@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from vllm_mlx.api.errors import APIError, model_not_found
+from vllm_mlx.api.errors import APIError, bad_request, model_not_found, to_api_error
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.engine.engine import Engine
@@ -21,6 +21,7 @@ from vllm_mlx.engine.types import (
     GenerationRequest,
     SamplingParams,
     TextDelta,
+    raise_for_failure,
 )
 from vllm_mlx.metrics import Metrics, RequestMetrics
 from vllm_mlx.parsers.pipeline import OutputParser, make_output_parser
@@ -70,7 +71,7 @@ def new_request_id(prefix: str) -> str:
 
 
 def sampling_params(
-    settings: Settings,
+    target: Target,
     *,
     temperature: float | None = None,
     top_p: float | None = None,
@@ -82,9 +83,16 @@ def sampling_params(
     frequency_penalty: float | None = None,
     logit_bias: dict[int, float] | None = None,
 ) -> SamplingParams:
-    """Request values over the configured defaults."""
-    d = settings.defaults
-    return SamplingParams(
+    """Request values over the configured defaults, checked against the model.
+
+    Every value the engine could not sample with is a 400 naming its field here, so
+    no request reaches a shared batch step with one.
+    """
+    d = target.settings.defaults
+    vocab_size = target.engine.vocab_size
+    if top_k is not None and top_k >= vocab_size:
+        top_k = 0  # keeping the k most likely of fewer than k tokens keeps them all
+    params = SamplingParams(
         temperature=d.temperature if temperature is None else temperature,
         top_p=d.top_p if top_p is None else top_p,
         top_k=d.top_k if top_k is None else top_k,
@@ -97,6 +105,9 @@ def sampling_params(
         frequency_penalty=frequency_penalty or 0.0,
         logit_bias=logit_bias,
     )
+    for param, message in params.problems(vocab_size):
+        raise bad_request(message, param)
+    return params
 
 
 def build_request(
@@ -135,6 +146,8 @@ async def run(target: Target, request: GenerationRequest, route: str) -> AsyncIt
     try:
         async for event in generate_text(target.engine, request, trace):
             if isinstance(event, Finished):
+                # An engine error or abort is an error response, never a normal stop.
+                raise_for_failure(event.reason, event.message, event.refused)
                 finished, status = event, 200
                 if observed is not None:
                     observed.finished(trace, event.reason.value, time.monotonic())
@@ -146,8 +159,10 @@ async def run(target: Target, request: GenerationRequest, route: str) -> AsyncIt
         if observed is not None:
             observed.aborted(trace, "timeout")
         raise
-    except Exception:
-        status = 500
+    except Exception as exc:
+        status = to_api_error(exc).status
+        if observed is not None:
+            observed.failed(trace)
         raise
     finally:
         if status == 499 and observed is not None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 _MODEL_KEY = "model"  # one cache per engine, so one key
@@ -86,6 +87,13 @@ class PrefixCache:
         return PrefixHit(cache, cached, rest)
 
     def store(self, tokens: Sequence[int], cache: list[Any]) -> None:
-        """Keep a finished sequence's cache; `tokens` are exactly what it holds."""
+        """Keep a finished sequence's cache; `tokens` are exactly what it holds.
+
+        A cache taken from a batch is a lazy slice of the whole batch's KV buffers:
+        kept unevaluated, every entry would hold a full batch alive while being counted
+        at its own size (the bound held on paper while real memory grew by gigabytes).
+        Evaluating it here gives each entry its own buffers of exactly the size counted.
+        """
         if self.enabled and tokens:
+            mx.eval([layer.state for layer in cache])
             self._lru.insert_cache(_MODEL_KEY, list(tokens), cache)

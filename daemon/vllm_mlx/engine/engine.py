@@ -58,6 +58,11 @@ class Engine:
         self.scheduler.stop(timeout)
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to vocab_size - 1 (logit_bias keys, prompt ids)."""
+        return self.scheduler.vocab_size
+
+    @property
     def accepting(self) -> bool:
         return self._accepting
 

@@ -143,5 +143,5 @@ async def generate_text(
             trace.finished_at = time.monotonic()
             reason = FinishReason.STOP if hit else event.reason
             usage = Usage(prompt_tokens, completion_tokens)
-            yield Finished(reason, usage, hit, event.message)
+            yield Finished(reason, usage, hit, event.message, event.refused)
             return

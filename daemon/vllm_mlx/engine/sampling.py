@@ -1,11 +1,14 @@
 """Per-request samplers and logits processors for a shared batch.
 
 Greedy requests share one sampler object so mlx-lm's BatchGenerator samples them in
-a single batched call; every other request gets its own.
+a single batched call; every other request gets its own, with its own PRNG key: the
+global mlx random state is never used, so one request's failed sampling graph cannot
+poison the random state every later request draws from.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
@@ -16,7 +19,6 @@ from mlx_lm.sample_utils import (
     greedy_sampler,
     make_logits_processors,
 )
-from mlx_lm.sample_utils import make_sampler as make_unseeded_sampler
 
 from vllm_mlx.engine.types import SamplingParams
 
@@ -24,22 +26,24 @@ Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
-def _filters(params: SamplingParams) -> list[Callable[[mx.array], mx.array]]:
+def _filters(params: SamplingParams, vocab_size: int) -> list[Callable[[mx.array], mx.array]]:
     filters: list[Callable[[mx.array], mx.array]] = []
     if 0 < params.top_p < 1.0:
         filters.append(lambda x: apply_top_p(x, params.top_p))
     if params.min_p > 0:
         filters.append(lambda x: apply_min_p(x, params.min_p))
-    if params.top_k > 0:
+    # top_k at or above the vocabulary keeps every token: no filter (argpartition
+    # with kth past the end would fail the step).
+    if 0 < params.top_k < vocab_size:
         filters.append(lambda x: apply_top_k(x, params.top_k))
     return filters
 
 
-def _seeded_sampler(params: SamplingParams, seed: int) -> Sampler:
+def _seeded_sampler(params: SamplingParams, seed: int, vocab_size: int) -> Sampler:
     """A sampler with its own PRNG stream: the same seed gives the same tokens,
-    whatever else shares the batch (the global mlx random state is shared)."""
-    key = mx.random.key(seed)
-    filters = _filters(params)
+    whatever else shares the batch."""
+    key = mx.random.key(seed % 2**64)  # signed 64-bit seeds fold into the key's uint64
+    filters = _filters(params, vocab_size)
     inverse_temp = 1.0 / params.temperature
 
     def sample(logprobs: mx.array) -> mx.array:
@@ -52,15 +56,51 @@ def _seeded_sampler(params: SamplingParams, seed: int) -> Sampler:
     return sample
 
 
-def make_sampler(params: SamplingParams) -> Sampler:
+def make_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
     if params.greedy:
         return greedy_sampler
-    if params.seed is not None:
-        return _seeded_sampler(params, params.seed)
-    sampler: Sampler = make_unseeded_sampler(
-        temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=params.top_k
-    )
-    return sampler
+    seed = secrets.randbits(64) if params.seed is None else params.seed
+    return _seeded_sampler(params, seed, vocab_size)
+
+
+class Fault:
+    """The first failure inside one request's sampling or logits processing."""
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+
+    def record(self, what: str, exc: Exception) -> None:
+        if self.message is None:
+            self.message = f"{what} failed: {type(exc).__name__}: {exc}"
+
+
+def guard_processor(processor: LogitsProcessor, fault: Fault) -> LogitsProcessor:
+    """A processor whose exception fails its own request, never the shared step."""
+
+    def guarded(tokens: mx.array, logits: mx.array) -> mx.array:
+        if fault.message is not None:
+            return logits
+        try:
+            return processor(tokens, logits)
+        except Exception as exc:
+            fault.record("logits processing", exc)
+            return logits
+
+    return guarded
+
+
+def guard_sampler(sampler: Sampler, fault: Fault) -> Sampler:
+    """A sampler whose exception fails its own request; the batch gets a token anyway."""
+
+    def guarded(logprobs: mx.array) -> mx.array:
+        if fault.message is None:
+            try:
+                return sampler(logprobs)
+            except Exception as exc:
+                fault.record("sampling", exc)
+        return mx.argmax(logprobs, axis=-1)
+
+    return guarded
 
 
 def make_processors(params: SamplingParams, max_tokens: int) -> list[LogitsProcessor]:

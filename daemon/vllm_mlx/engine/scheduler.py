@@ -17,10 +17,15 @@ from typing import Any
 
 import structlog
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.cache import PrefixCache
 from vllm_mlx.engine.sampling import (
+    Fault,
     LogitsProcessor,
+    Sampler,
+    guard_processor,
+    guard_sampler,
     make_forcing_processor,
     make_processors,
     make_sampler,
@@ -53,6 +58,7 @@ class _Slot:
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     prefill_started_at: float | None = None
     first_token_at: float | None = None
+    fault: Fault = field(default_factory=Fault)
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,10 @@ class Scheduler:
         config: SchedulerConfig,
         name: str = "engine",
         forced_tokens: tuple[int, ...] | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         self._model = model
+        self.vocab_size = vocab_size if vocab_size is not None else _vocab_size(model)
         self._forced = forced_tokens
         self.prefix_cache = PrefixCache(config.prefix_cache_bytes)
         self._eos = eos_token_ids
@@ -203,9 +211,26 @@ class Scheduler:
             except queue.Empty:
                 return True
 
+    def _refusal(self, request: GenerationRequest) -> str | None:
+        """Why the engine will not run this request (the API checks first; this is the
+        engine's own guard, so no caller can put a bad value into a shared step)."""
+        for _, message in request.sampling.problems(self.vocab_size):
+            return message
+        if request.max_tokens < 1:
+            return "max_tokens must be at least 1"
+        tokens = request.prompt_tokens
+        if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
+            return f"the prompt has token ids outside the vocabulary (0 to {self.vocab_size - 1})"
+        return None
+
     def _add(self, command: _Add) -> None:
         request = command.request
         assert self._generator is not None
+        refusal = self._refusal(request)
+        if refusal is not None:
+            command.sink(SequenceFinished(FinishReason.ERROR, refusal, refused=True))
+            return
+        fault = Fault()
         hit = self.prefix_cache.lookup(request.prompt_tokens)
         try:
             (uid,) = self._generator.insert(
@@ -215,13 +240,14 @@ class Scheduler:
                 # record (the key its cache is stored under when it ends) stays whole.
                 caches=None if hit.cache is None else [hit.cache],
                 all_tokens=[list(request.prompt_tokens[: hit.cached])],
-                samplers=[make_sampler(request.sampling)],
-                logits_processors=[self._processors(request)],
+                samplers=[self._sampler(request, fault)],
+                logits_processors=[self._processors(request, fault)],
             )
         except Exception as exc:
             command.sink(SequenceFinished(FinishReason.ERROR, f"cannot schedule: {exc}"))
             return
-        slot = _Slot(request, command.sink, uid, cached_tokens=hit.cached, prompt_done=hit.cached)
+        slot = _Slot(request, command.sink, uid, prompt_done=hit.cached, fault=fault)
+        slot.cached_tokens = hit.cached
         self._slots[uid] = slot
         self._by_request[request.request_id] = slot
 
@@ -233,11 +259,16 @@ class Scheduler:
         self._generator.remove([slot.uid])
         self._finish(slot, SequenceFinished(command.reason, command.message))
 
-    def _processors(self, request: GenerationRequest) -> list[LogitsProcessor]:
+    def _sampler(self, request: GenerationRequest, fault: Fault) -> Sampler:
+        sampler = make_sampler(request.sampling, self.vocab_size)
+        # Greedy requests keep the one shared sampler so they sample in one batched call.
+        return sampler if sampler is greedy_sampler else guard_sampler(sampler, fault)
+
+    def _processors(self, request: GenerationRequest, fault: Fault) -> list[LogitsProcessor]:
         processors = make_processors(request.sampling, request.max_tokens)
         if self._forced is not None:
             processors.append(make_forcing_processor(self._forced, min(self._eos)))
-        return processors
+        return [guard_processor(p, fault) for p in processors]
 
     @staticmethod
     def _post(slot: _Slot, event: EngineEvent) -> None:
@@ -283,7 +314,7 @@ class Scheduler:
         finished: list[tuple[_Slot, str]] = []
         for gen in generation_responses:
             slot = self._slots.get(gen.uid)
-            if slot is None:
+            if slot is None or slot.fault.message is not None:
                 continue
             slot.generated += 1
             if slot.generated == 1:
@@ -301,6 +332,7 @@ class Scheduler:
                 slot.pending = []
         for slot, reason in finished:
             self._finish(slot, SequenceFinished(FinishReason(reason)))
+        self._fail_faulted()
         if self.on_step is not None:
             self._report_step(prompt_tokens, len(generation_responses))
 
@@ -311,12 +343,31 @@ class Scheduler:
         except Exception:  # a metrics bug must not fail the batch
             log.exception("step hook failed")
 
+    def _fail_faulted(self) -> None:
+        """Requests whose own sampling or processing failed leave the batch, alone."""
+        assert self._generator is not None
+        for slot in [s for s in self._slots.values() if s.fault.message is not None]:
+            log.error(
+                "request failed", request_id=slot.request.request_id, error=slot.fault.message
+            )
+            self._generator.remove([slot.uid])
+            self._finish(slot, SequenceFinished(FinishReason.ERROR, slot.fault.message or ""))
+
     def _fail_all(self, message: str, reason: FinishReason = FinishReason.ERROR) -> None:
         for slot in list(self._slots.values()):
             self._finish(slot, SequenceFinished(reason, message))
         if reason is FinishReason.ERROR:
             # Start from a clean generator: the failed step may have left it inconsistent.
             self._generator = self._make_generator()
+
+
+def _vocab_size(model: Any) -> int:
+    """Rows of the output layer: the token ids a logit exists for."""
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    raise ValueError("cannot tell the model's vocabulary size (model.args.vocab_size)")
 
 
 def _describe(slot: _Slot, now: float) -> dict[str, Any]:

@@ -7,8 +7,14 @@ both translate to and from these.
 from __future__ import annotations
 
 import enum
+import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+# Seeds the engine takes: any 64-bit integer, signed or unsigned (folded into uint64).
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
 
 
 class FinishReason(enum.StrEnum):
@@ -34,6 +40,35 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def problems(self, vocab_size: int) -> Iterator[tuple[str, str]]:
+        """(field, message) for every value the engine cannot sample with.
+
+        The API boundary reports the first as a 400 naming the field; the engine runs
+        the same checks again and refuses the request alone (never the batch).
+        """
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                yield name, f"{name} must be a finite number"
+        if self.temperature < 0:
+            yield "temperature", "temperature must be at least 0"
+        if not 0 < self.top_p <= 1:
+            yield "top_p", "top_p must be in (0, 1]"
+        if not 0 <= self.min_p <= 1:
+            yield "min_p", "min_p must be in [0, 1]"
+        if self.top_k < 0:
+            yield "top_k", "top_k must be at least 0 (0 turns it off)"
+        penalty = self.repetition_penalty
+        if penalty is not None and not (math.isfinite(penalty) and penalty > 0):
+            yield "repetition_penalty", "repetition_penalty must be a positive number"
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            yield "seed", f"seed must be a 64-bit integer ({SEED_MIN} to {SEED_MAX})"
+        for token, bias in (self.logit_bias or {}).items():
+            if not 0 <= token < vocab_size:
+                last = vocab_size - 1
+                yield "logit_bias", f"logit_bias token {token} is not in the vocabulary (0-{last})"
+            if not math.isfinite(bias):
+                yield "logit_bias", f"logit_bias for token {token} must be a finite number"
 
 
 @dataclass
@@ -70,6 +105,8 @@ class TokensGenerated:
 class SequenceFinished:
     reason: FinishReason
     message: str = ""
+    # With reason ERROR: the request itself was at fault (the API answers 400, not 500).
+    refused: bool = False
 
 
 EngineEvent = PromptProcessed | TokensGenerated | SequenceFinished
@@ -99,6 +136,7 @@ class Finished:
     usage: Usage
     stop_sequence: str | None = None
     message: str = ""
+    refused: bool = False  # see SequenceFinished.refused
 
 
 class EngineError(Exception):
@@ -111,3 +149,17 @@ class ContextLengthError(EngineError):
 
 class EngineUnavailableError(Exception):
     """The engine is stopped or stopping; the API maps it to a 503."""
+
+
+class GenerationFailedError(Exception):
+    """The engine failed while generating this request; the API maps it to a 500."""
+
+
+def raise_for_failure(reason: FinishReason, message: str, refused: bool) -> None:
+    """A generation that ended in an error or an abort is an error, never a normal stop."""
+    if reason is FinishReason.ERROR:
+        if refused:
+            raise EngineError(message or "the engine refused the request")
+        raise GenerationFailedError(message or "generation failed")
+    if reason is FinishReason.ABORT:
+        raise EngineUnavailableError(message or "generation was aborted")

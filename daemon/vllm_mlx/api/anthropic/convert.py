@@ -310,15 +310,6 @@ def stop_reason(finished: Finished, used_tools: bool) -> str:
     return "end_turn"
 
 
-def failure(finished: Finished) -> APIError | None:
-    """The error a generation that did not complete normally is reported as."""
-    if finished.reason is FinishReason.ERROR:
-        return APIError(500, finished.message or "generation failed", "server_error")
-    if finished.reason is FinishReason.ABORT:
-        return APIError(503, finished.message or "generation was aborted", "unavailable")
-    return None
-
-
 # --- /v1/models in Anthropic's shape ---------------------------------------------------
 
 

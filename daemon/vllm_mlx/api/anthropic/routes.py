@@ -119,10 +119,6 @@ async def _stream(
                 for event in builder.feed(output):
                     yield _sse(event)
                 continue
-            error = convert.failure(output)
-            if error is not None:
-                yield _sse(dict(convert.error_body(error)))
-                continue
             for event in builder.finish(output):
                 yield _sse(event)
     except Exception as exc:  # headers are sent: the error travels as an `error` event
@@ -140,9 +136,6 @@ async def _complete(
             builder.feed(output)
     if finished is None:
         raise APIError(500, "generation ended without a result", "server_error")
-    error = convert.failure(finished)
-    if error is not None:
-        raise error
     return builder.message(finished)
 
 
@@ -153,7 +146,7 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     prompt = convert.build_prompt(body)
     tokens = convert.prompt_tokens(target.engine.tokenizer, prompt)
     sampling = sampling_params(
-        target.settings, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k
+        target, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k
     )
     gen = build_request(
         target, f"msg_{uuid.uuid4().hex[:24]}", tokens, body.max_tokens, sampling, body.stop_tuple()

@@ -237,7 +237,7 @@ def sampling_from(
 ) -> SamplingParams:
     """The request's sampling fields over the configured defaults."""
     return sampling_params(
-        target.settings,
+        target,
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k,
