@@ -10,7 +10,8 @@ from litestar.exceptions import HTTPException
 
 from vllm_mlx.api.anthropic.convert import error_body as anthropic_error_body
 from vllm_mlx.api.anthropic.routes import make_anthropic_router
-from vllm_mlx.api.auth import protocol_of
+from vllm_mlx.api.auth import is_api_path, protocol_of
+from vllm_mlx.api.boundary import route_path
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.openai.routes import make_openai_router
 from vllm_mlx.api.ops import health, install_ops, metrics, status
@@ -18,10 +19,14 @@ from vllm_mlx.api.state import ServerState
 
 
 def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    # Outside /v1 (unknown paths, wrong methods): a small JSON error, never a traceback.
+    # Outside the routers (unknown paths, wrong methods): a JSON error, never a traceback.
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
-    if protocol_of(request.url.path, request.headers) == "anthropic":
+    path = route_path(request.scope["path"], request.scope.get("root_path", ""))
+    if status == 404 and is_api_path(path):
+        # e.g. /v1/audio/speech: say it is this daemon's gap, not a typo in the model.
+        detail = f"{request.method} {path} is not served by this daemon."
+    if protocol_of(path, request.headers) == "anthropic":
         # e.g. GET /v1/messages: the Anthropic SDK reads only its own error shape.
         error = APIError(status, str(detail), kind="http")  # the status picks the type
         return Response(anthropic_error_body(error), status_code=status)
@@ -46,6 +51,7 @@ def create_app(state: ServerState) -> Litestar:
         logging_config=None,
         openapi_config=None,
         debug=False,
+        request_max_body_size=None,  # limits.max_body_mb, checked per request (hot reload)
     )
     install_ops(app, state)  # keys, limits, CORS, HTTP metrics, disconnects: before routing
     return app

@@ -87,6 +87,22 @@ class ServerSettings(Section):
         "Browser origins allowed to call the API (CORS), e.g. `https://app.example.com`, "
         "or `*` for any; empty: no CORS headers are sent.",
     )
+    allowed_hosts: list[str] = setting(
+        [],
+        Reload.HOT,
+        "Host header values accepted besides the listen address and the loopback names "
+        "(`localhost`, `127.0.0.1`, `[::1]`, any port), e.g. `llm.example.com` (any port) "
+        "or `llm.example.com:8443`; `*` accepts any. Empty: only those names when bound "
+        "to a loopback address (DNS rebinding protection), any host otherwise. Others "
+        "get 403.",
+    )
+    allow_client_chat_templates: bool = setting(
+        False,
+        Reload.HOT,
+        "Let requests supply their own chat template (`chat_template`, or "
+        "`chat_template_kwargs.chat_template`). Off: such requests get 400. A template "
+        "is a program: rendering one costs CPU up to `limits.prompt_timeout`.",
+    )
 
 
 class ModelSettings(Section):
@@ -224,6 +240,27 @@ class LimitsSettings(Section):
         "Most new tokens one request may ask for; larger `max_tokens` values are lowered "
         "to this (and to what the context has room for).",
         ge=1,
+    )
+    max_body_mb: float = setting(
+        32.0,
+        Reload.HOT,
+        "Largest request body in MiB; larger ones get 413 before they are read.",
+        gt=0,
+        le=4096,
+    )
+    max_prompt_chars: int = setting(
+        8_000_000,
+        Reload.HOT,
+        "Most characters of text (every string in the JSON body together) one request "
+        "may carry; more gets 413 before anything is tokenised.",
+        ge=1,
+    )
+    prompt_timeout: float = setting(
+        60.0,
+        Reload.HOT,
+        "Seconds rendering the chat template and tokenising a prompt may take (off the "
+        "event loop, in a worker thread); longer gets 413.",
+        gt=0,
     )
 
 

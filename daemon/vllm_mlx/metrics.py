@@ -15,14 +15,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from vllm_mlx.engine.output import RequestTrace
 
-CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+# Without its charset: Litestar appends `; charset=utf-8` to every text/* type, and a
+# repeated parameter makes strict parsers (Go's mime, so Prometheus 3) refuse the scrape.
+CONTENT_TYPE = ";".join(
+    part
+    for part in prometheus_client.CONTENT_TYPE_LATEST.split(";")
+    if not part.strip().lower().startswith("charset=")
+)
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (
@@ -219,6 +225,11 @@ class Metrics:
             ("reason",),
         )
         self.rate_limited = c("vllm_mlx_rate_limited_requests", "Requests refused with 429.", ())
+        self.prompts_preparing = Gauge(
+            "vllm_mlx_prompts_preparing",
+            "Prompts being rendered and tokenised in worker threads, off the event loop.",
+            registry=self.registry,
+        )
         self.config_reloads = c(
             "vllm_mlx_config_reloads", "Config file reloads, by result.", ("result",)
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,11 @@ import yaml
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-SPECS = Path(__file__).resolve().parents[2].parent / "shared" / "specs"
+# VLLM_MLX_SPECS overrides, for checkouts that do not sit beside shared/ (worktrees).
+SPECS = Path(
+    os.environ.get("VLLM_MLX_SPECS")
+    or Path(__file__).resolve().parents[2].parent / "shared" / "specs"
+)
 
 
 def _nullable_to_null(node: Any) -> Any:

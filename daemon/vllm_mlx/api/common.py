@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from litestar import Request
 from pydantic import BaseModel
 
-from vllm_mlx.api.errors import bad_request
+from vllm_mlx.api.prepare import off_loop, parse_json
 from vllm_mlx.api.state import ServerState
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
@@ -19,13 +18,17 @@ def server_state(request: Request[Any, Any, Any]) -> ServerState:
     return state
 
 
+def _validated(raw: bytes, model: type[RequestModel], max_chars: int) -> RequestModel:
+    return model.model_validate(parse_json(raw, max_chars))
+
+
 async def parse_body(request: Request[Any, Any, Any], model: type[RequestModel]) -> RequestModel:
-    """The JSON body validated into `model`; bad JSON is a 400 (validation errors map later)."""
+    """The JSON body validated into `model`, off the event loop (a body may be 32 MiB).
+
+    Bad JSON is a 400 here; validation errors map to 400 in the route's handler.
+    """
+    limits = server_state(request).settings.limits
     raw = await request.body()
-    try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise bad_request("the request body must be a JSON object")
-    return model.model_validate(payload)
+    return await off_loop(
+        _validated, raw, model, limits.max_prompt_chars, limit_s=limits.prompt_timeout
+    )

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from vllm_mlx.api import cors
+from vllm_mlx.api import boundary, cors
 from vllm_mlx.api.auth import authenticate, error_payload, is_api_path, protocol_of
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.limits import RateLimiter, client_id, retry_after_header
@@ -103,7 +103,7 @@ class OpsMiddleware:
         template = scope.get("path_template")
         if isinstance(template, str):
             return template
-        path = scope["path"]
+        path = boundary.route_path(scope["path"], scope.get("root_path", ""))
         return path if path in self._known_paths else "unmatched"
 
     async def _handle(
@@ -114,18 +114,34 @@ class OpsMiddleware:
         headers: dict[str, str],
         settings: Settings,
     ) -> None:
-        path = scope["path"]
-        if settings.server.cors_origins and cors.is_preflight(scope["method"], headers):
+        # The path the router will match: judging any other spelling (`//v1/...`)
+        # would let it past the key check.
+        path = boundary.route_path(scope["path"], scope.get("root_path", ""))
+        refusal = boundary.host_refusal(headers, settings)
+        if (
+            refusal is None
+            and settings.server.cors_origins
+            and cors.is_preflight(scope["method"], headers)
+        ):
             await self._preflight(response, headers, response.cors)
             return
-        gated = is_api_path(path) or (path == "/metrics" and settings.auth.metrics_require_key)
-        refusal = self._gate(scope, headers, settings) if gated else None
+        if refusal is None and boundary.needs_key(path, settings):
+            refusal = self._gate(scope, path, headers, settings)
+        limit = boundary.max_body_bytes(settings)
+        if refusal is None:
+            refusal = boundary.content_type_refusal(
+                scope["method"], headers
+            ) or boundary.length_refusal(headers, limit)
         if refusal is not None:
             payload = error_payload(protocol_of(path, headers), refusal)
             extra = [(k.lower().encode(), v.encode()) for k, v in (refusal.headers or {}).items()]
             await send_json(response, refusal.status, payload, extra)
             return
-        await self._run_app(scope, receive, response)
+        if scope["method"] == "HEAD" and path in ("/health", "/metrics"):
+            # Health checks written with `wget --spider` / `curl -I`: GET's headers, no body.
+            scope = {**scope, "method": "GET"}
+            response = _Response(_headers_only(response), [])
+        await self._run_app(scope, _limited(receive, limit), response)
 
     async def _preflight(self, response: _Response, headers: dict[str, str], allowed: bool) -> None:
         # Preflights carry no credentials, so they are answered before the key check.
@@ -138,7 +154,7 @@ class OpsMiddleware:
         await response({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _gate(
-        self, scope: Scope, headers: Mapping[str, str], settings: Settings
+        self, scope: Scope, path: str, headers: Mapping[str, str], settings: Settings
     ) -> APIError | None:
         """401 for a missing or wrong key, 429 over the rate limit, else None."""
         auth = settings.auth
@@ -147,16 +163,16 @@ class OpsMiddleware:
         peer = str(client[0]) if client else None
         if result.refusal is not None:
             self.state.metrics.unauthorized.labels(result.reason).inc()
-            log.info("refused", status=401, path=scope["path"], reason=result.reason, peer=peer)
+            log.info("refused", status=401, path=path, reason=result.reason, peer=peer)
             return result.refusal
-        if auth.rate_limit <= 0 or not is_api_path(scope["path"]):
+        if auth.rate_limit <= 0 or not is_api_path(path):
             return None
         wait = self.limiter.acquire(client_id(result.key, peer), auth.rate_limit)
         if wait is None:
             return None
         self.state.metrics.rate_limited.inc()
         retry = retry_after_header(wait)
-        log.info("refused", status=429, path=scope["path"], retry_after_s=retry, peer=peer)
+        log.info("refused", status=429, path=path, retry_after_s=retry, peer=peer)
         return APIError(
             429,
             f"Rate limit of {auth.rate_limit} requests per minute exceeded; retry in {retry} s.",
@@ -180,6 +196,34 @@ class OpsMiddleware:
             for pending in (task, gone, watch.watcher):
                 if pending is not None and not pending.done():
                     pending.cancel()
+
+
+def _headers_only(send: Send) -> Send:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return wrapped
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """receive() that refuses a body growing past `limit` (chunked bodies declare no size).
+
+    The APIError reaches the handler reading the body, whose router renders it.
+    """
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise boundary.body_too_large(limit)
+        return message
+
+    return wrapped
 
 
 class _DisconnectWatch:

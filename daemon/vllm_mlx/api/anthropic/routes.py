@@ -30,6 +30,7 @@ from vllm_mlx.api.generation import (
     run_parsed,
     sampling_params,
 )
+from vllm_mlx.api.prepare import prompt_tokens
 from vllm_mlx.api.sse import SSE_HEADERS, named_event
 from vllm_mlx.engine.types import Finished, GenerationRequest
 from vllm_mlx.parsers.types import (
@@ -144,7 +145,7 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, MessagesRequest)
     target = resolve_target(server_state(request), body.model)
     prompt = convert.build_prompt(body)
-    tokens = convert.prompt_tokens(target.engine.tokenizer, prompt)
+    tokens = await prompt_tokens(target, convert.prompt_tokens, target.engine.tokenizer, prompt)
     sampling = sampling_params(
         target, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k
     )
@@ -167,7 +168,8 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     body = await parse_body(request, CountTokensRequest)
     target = resolve_target(server_state(request), body.model)
     prompt = convert.build_prompt(body)
-    return {"input_tokens": len(convert.prompt_tokens(target.engine.tokenizer, prompt))}
+    tokens = await prompt_tokens(target, convert.prompt_tokens, target.engine.tokenizer, prompt)
+    return {"input_tokens": len(tokens)}
 
 
 def make_anthropic_router() -> Router:

@@ -22,13 +22,14 @@ MAX_STOP_SEQUENCES = 16
 
 class _Wire(BaseModel):
     # Clients send fields we do not use (cache_control, citations, service_tier...);
-    # they are accepted and ignored, as the hosted API ignores unknown hints.
-    model_config = ConfigDict(extra="ignore")
+    # they are accepted and ignored, as the hosted API ignores unknown hints. Strict:
+    # types as the API checks them (`"stream": "yes"` is a 400).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class TextBlock(_Wire):
     type: Literal["text"]
-    text: str
+    text: str = Field(min_length=1)  # the API refuses empty text blocks
 
 
 class ImageBlock(_Wire):
@@ -56,13 +57,18 @@ def _as_blocks(value: Any) -> Any:
     return [{"type": "text", "text": value}] if isinstance(value, str) else value
 
 
+def _as_optional_blocks(value: Any) -> Any:
+    """As _as_blocks, but "" is no blocks (an empty system prompt or tool result)."""
+    return [] if value == "" else _as_blocks(value)
+
+
 ToolResultContent = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
 
 
 class ToolResultBlock(_Wire):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
-    content: Annotated[list[ToolResultContent], BeforeValidator(_as_blocks)] = Field(
+    content: Annotated[list[ToolResultContent], BeforeValidator(_as_optional_blocks)] = Field(
         default_factory=list
     )
     is_error: bool | None = None
@@ -94,7 +100,7 @@ InputBlock = Annotated[
 class InputMessage(_Wire):
     # "system" between turns: sent by Claude Code; joined into the system prompt.
     role: Literal["user", "assistant", "system"]
-    content: Annotated[list[InputBlock], BeforeValidator(_as_blocks)]
+    content: Annotated[list[InputBlock], BeforeValidator(_as_optional_blocks)]
 
 
 class Tool(_Wire):
@@ -127,7 +133,9 @@ class PromptFields(_Wire):
 
     model: str = Field(min_length=1)
     messages: list[InputMessage]
-    system: Annotated[list[TextBlock], BeforeValidator(_as_blocks)] = Field(default_factory=list)
+    system: Annotated[list[TextBlock], BeforeValidator(_as_optional_blocks)] = Field(
+        default_factory=list
+    )
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
@@ -137,6 +145,15 @@ class PromptFields(_Wire):
     def _not_empty(cls, value: list[InputMessage]) -> list[InputMessage]:
         if not value:
             raise ValueError("at least one message is required")
+        for index, message in enumerate(value):
+            final_assistant = index == len(value) - 1 and message.role == "assistant"
+            if not message.content and not final_assistant:
+                # The API's own rule (and words): an empty final assistant turn is a
+                # prefill of nothing, any other empty turn is a mistake.
+                raise ValueError(
+                    "all messages must have non-empty content except for the optional "
+                    f"final assistant message (messages[{index}] is empty)"
+                )
         return value
 
 
@@ -152,6 +169,14 @@ class MessagesRequest(PromptFields):
     top_k: int | None = Field(None, ge=0)
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
     metadata: dict[str, Any] | None = None  # accepted, unused (user_id for abuse tracking)
+
+    @field_validator("temperature", "top_p", "top_k", mode="before")
+    @classmethod
+    def _no_null(cls, value: Any) -> Any:
+        # Absent means the default; the API answers an explicit null with 400.
+        if value is None:
+            raise ValueError("must be a number, not null (leave the field out for the default)")
+        return value
 
     def stop_tuple(self) -> tuple[str, ...]:
         return tuple(s for s in self.stop_sequences or () if s)

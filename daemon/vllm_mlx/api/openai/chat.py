@@ -21,6 +21,7 @@ from vllm_mlx.api.generation import (
 )
 from vllm_mlx.api.openai import convert
 from vllm_mlx.api.openai.schema import ChatCompletionRequest
+from vllm_mlx.api.prepare import prompt_tokens
 from vllm_mlx.api.sse import DONE, SSE_HEADERS, data_event
 from vllm_mlx.engine.types import Finished, GenerationRequest
 from vllm_mlx.parsers.pipeline import OutputParser
@@ -39,7 +40,10 @@ ROUTE = "/v1/chat/completions"
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, ChatCompletionRequest)
     target = resolve_target(server_state(request), body.model)
-    prompt = convert.chat_prompt_tokens(target.engine.tokenizer, body)
+    kwargs = convert.template_kwargs(body, target.settings.server.allow_client_chat_templates)
+    prompt = await prompt_tokens(
+        target, convert.chat_prompt_tokens, target.engine.tokenizer, body, kwargs
+    )
     gen = build_request(
         target,
         new_request_id("chatcmpl"),

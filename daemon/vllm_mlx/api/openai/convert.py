@@ -26,6 +26,8 @@ OPENAI_ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
     "not_found": "invalid_request_error",
     "authentication": "authentication_error",
+    "permission": "invalid_request_error",
+    "too_large": "invalid_request_error",
     "rate_limit": "rate_limit_error",
     "timeout": "timeout_error",
     "unavailable": "service_unavailable_error",
@@ -96,13 +98,34 @@ def template_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | Non
     return None if tools is None else [tool.model_dump(exclude_none=True) for tool in tools]
 
 
-def chat_prompt_tokens(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
-    return render_chat(
-        tokenizer,
-        template_messages(request),
-        template_tools(request),
-        request.chat_template_kwargs,
-    )
+def template_kwargs(request: ChatCompletionRequest, allow_templates: bool) -> dict[str, Any]:
+    """chat_template_kwargs, with a client's own template only when the config allows it.
+
+    A template is a program the daemon runs: off by default
+    (server.allow_client_chat_templates).
+    """
+    kwargs = dict(request.chat_template_kwargs or {})
+    if request.chat_template is not None:
+        kwargs["chat_template"] = request.chat_template
+    if "chat_template" in kwargs and not allow_templates:
+        param = (
+            "chat_template" if request.chat_template is not None
+            else "chat_template_kwargs.chat_template"
+        )  # fmt: skip
+        raise bad_request(
+            f"'{param}': client-supplied chat templates are disabled on this server "
+            "(server.allow_client_chat_templates)",
+            param,
+            "client_templates_disabled",
+        )
+    return kwargs
+
+
+def chat_prompt_tokens(
+    tokenizer: Any, request: ChatCompletionRequest, kwargs: dict[str, Any] | None = None
+) -> list[int]:
+    """The prompt's token ids; kwargs from template_kwargs (default: none)."""
+    return render_chat(tokenizer, template_messages(request), template_tools(request), kwargs)
 
 
 def completion_prompt_tokens(tokenizer: Any, request: CompletionRequest) -> list[int]:

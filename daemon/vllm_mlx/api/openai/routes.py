@@ -24,6 +24,7 @@ from vllm_mlx.api.generation import (
 from vllm_mlx.api.openai import convert
 from vllm_mlx.api.openai.chat import chat_completions
 from vllm_mlx.api.openai.schema import CompletionRequest, ModelCard
+from vllm_mlx.api.prepare import off_loop, prompt_tokens
 from vllm_mlx.api.sse import DONE, SSE_HEADERS, data_event
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.engine.types import Finished, GenerationRequest, TextDelta
@@ -96,7 +97,9 @@ async def _collect(target: Target, gen: GenerationRequest, route: str) -> tuple[
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, CompletionRequest)
     target = resolve_target(server_state(request), body.model)
-    prompt = convert.completion_prompt_tokens(target.engine.tokenizer, body)
+    prompt = await prompt_tokens(
+        target, convert.completion_prompt_tokens, target.engine.tokenizer, body
+    )
     gen = build_request(
         target,
         new_request_id("cmpl"),
@@ -106,7 +109,10 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         body.stop_tuple(),
         timeout=body.timeout,
     )
-    echo = target.engine.tokenizer.decode(prompt) if body.echo else ""
+    echo = ""
+    if body.echo:
+        timeout = target.settings.limits.prompt_timeout
+        echo = await off_loop(target.engine.tokenizer.decode, prompt, limit_s=timeout)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return Stream(

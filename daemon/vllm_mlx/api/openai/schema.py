@@ -7,12 +7,14 @@ from typing import Any, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP_SEQUENCES = 16
+MAX_TOKEN_ID_DIGITS = 9
 
 
 class _Request(BaseModel):
     # Clients send fields we do not use (user, store, metadata, service_tier...);
-    # they are accepted and ignored, as OpenAI-compatible servers do.
-    model_config = ConfigDict(extra="ignore")
+    # they are accepted and ignored, as OpenAI-compatible servers do. Strict: types as
+    # the API checks them (`"stream": "yes"` or `"max_tokens": "5"` is a 400, not a guess).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Request):
@@ -104,7 +106,8 @@ class _SamplingFields(_Request):
     @classmethod
     def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for token, bias in (value or {}).items():
-            if not token.isdigit():
+            # isdigit() alone takes "²" and other digits int() refuses; ids are short.
+            if not (token.isascii() and token.isdigit() and len(token) <= MAX_TOKEN_ID_DIGITS):
                 raise ValueError(f"keys must be token ids, got {token!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"bias for token {token} must be between -100 and 100")
@@ -126,6 +129,9 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = Field(
+        None, description="vLLM's field; refused unless server.allow_client_chat_templates"
+    )
     response_format: ResponseFormat | None = None
     top_logprobs: None = None
 
