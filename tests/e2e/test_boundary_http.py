@@ -54,7 +54,9 @@ def assert_openai_error(response: httpx.Response, status: int, needle: str = "")
     assert error["type"] and needle.lower() in error["message"].lower(), error
 
 
-def assert_anthropic_error(response: httpx.Response, status: int, kind: str, needle: str = "") -> None:
+def assert_anthropic_error(
+    response: httpx.Response, status: int, kind: str, needle: str = ""
+) -> None:
     assert response.status_code == status, response.text
     body = response.json()
     assert body["type"] == "error" and body["error"]["type"] == kind, body
@@ -90,7 +92,12 @@ def test_json_bodies_need_a_json_content_type(
 
 @pytest.mark.parametrize(
     "content_type",
-    ["application/json", "application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json"],
+    [
+        "application/json",
+        "application/json; charset=utf-8",
+        "Application/JSON",
+        "application/vnd.api+json",
+    ],
 )
 def test_json_content_types_are_accepted(daemon: DaemonProcess, content_type: str) -> None:
     response = post(daemon, "/v1/completions", COMPLETION, headers={"content-type": content_type})
@@ -271,7 +278,10 @@ def test_anthropic_final_assistant_turn_may_be_empty(daemon: DaemonProcess) -> N
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"chat_template_kwargs": {"chat_template": "{{ 'x' }}"}}, "chat_template_kwargs.chat_template"),
+        (
+            {"chat_template_kwargs": {"chat_template": "{{ 'x' }}"}},
+            "chat_template_kwargs.chat_template",
+        ),
         ({"chat_template": "{% for i in range(10**9) %}{% endfor %}"}, "chat_template"),
     ],
 )

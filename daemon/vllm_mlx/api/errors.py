@@ -21,8 +21,18 @@ class APIError(Exception):
     code: str | None = None
     headers: dict[str, str] | None = None
 
+    def __post_init__(self) -> None:
+        # Messages quote client input (a field name, a key); a lone surrogate in it
+        # would make the error body itself unencodable.
+        self.message = _printable(self.message)
+        self.param = None if self.param is None else _printable(self.param)
+
     def __str__(self) -> str:
         return self.message
+
+
+def _printable(text: str) -> str:
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
