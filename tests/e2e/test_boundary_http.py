@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import DaemonProcess, running
+from tests.conftest import DaemonProcess, StartDaemon, running
 from tests.e2e.ops_support import scrape, value
 
 BODY_MB = 20
@@ -376,3 +376,21 @@ def test_unknown_api_paths_say_they_are_not_served(
         assert_anthropic_error(response, 404, "not_found_error", needle)
     else:
         assert_openai_error(response, 404, needle)
+
+
+def test_allowed_client_templates_are_used_and_time_bounded(start_daemon: StartDaemon) -> None:
+    """With the key on, a client's template renders the prompt; a runaway one gets 413
+    after limits.prompt_timeout, the daemon keeps serving, and SIGTERM still exits."""
+    daemon = start_daemon(
+        {"server": {"allow_client_chat_templates": True}, "limits": {"prompt_timeout": 3.0}}
+    )
+    own = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    plain = post(daemon, "/v1/chat/completions", CHAT).json()["usage"]["prompt_tokens"]
+    bare = post(daemon, "/v1/chat/completions", {**CHAT, "chat_template": own})
+    assert bare.status_code == 200, bare.text
+    assert bare.json()["usage"]["prompt_tokens"] < plain  # no role markers: "Hi" alone
+    runaway = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    kwargs = {"chat_template_kwargs": {"chat_template": runaway}}
+    assert_openai_error(post(daemon, "/v1/chat/completions", {**CHAT, **kwargs}), 413, "timeout")
+    assert_still_serves(daemon)
+    assert daemon.stop(timeout=30) == 0  # the spinning worker thread does not hold the exit

@@ -13,11 +13,11 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from vllm_mlx.api.errors import APIError, bad_request
 from vllm_mlx.api.generation import Target
+from vllm_mlx.api.workers import Workers
 from vllm_mlx.metrics import Metrics
 
 T = TypeVar("T")
@@ -27,7 +27,7 @@ MAX_DEPTH = 100  # JSON nesting: tool schemas need a few dozen levels, nothing n
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Threads start on first use; one pool per process, shared by every request.
-_POOL = ThreadPoolExecutor(WORKERS, thread_name_prefix="vllm-mlx-prepare")
+_POOL = Workers(WORKERS, "vllm-mlx-prepare")
 
 
 def _counted(metrics: Metrics | None, fn: Callable[[], T]) -> T:
@@ -45,10 +45,10 @@ async def off_loop(
     A thread cannot be stopped: one that overruns finishes in the background, and the
     pool's size bounds how many can.
     """
-    loop = asyncio.get_running_loop()
-    call = functools.partial(_counted, metrics, functools.partial(fn, *args))
+    future = _POOL.submit(functools.partial(_counted, metrics, functools.partial(fn, *args)))
     try:
-        return await asyncio.wait_for(loop.run_in_executor(_POOL, call), limit_s)
+        result: T = await asyncio.wait_for(future, limit_s)
+        return result
     except TimeoutError:
         raise APIError(
             413,
