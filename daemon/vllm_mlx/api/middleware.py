@@ -36,6 +36,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DISCONNECTED = 499  # nginx's "client closed request": what a cancelled handler is logged as
+PREFLIGHT = APIError(204, "CORS preflight")  # a marker: _refusal's "answer the preflight"
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -117,21 +118,11 @@ class OpsMiddleware:
         # The path the router will match: judging any other spelling (`//v1/...`)
         # would let it past the key check.
         path = boundary.route_path(scope["path"], scope.get("root_path", ""))
-        refusal = boundary.host_refusal(headers, settings)
-        if (
-            refusal is None
-            and settings.server.cors_origins
-            and cors.is_preflight(scope["method"], headers)
-        ):
+        limit = boundary.max_body_bytes(settings)
+        refusal = self._refusal(scope, path, headers, settings, limit)
+        if refusal is PREFLIGHT:
             await self._preflight(response, headers, response.cors)
             return
-        if refusal is None and boundary.needs_key(path, settings):
-            refusal = self._gate(scope, path, headers, settings)
-        limit = boundary.max_body_bytes(settings)
-        if refusal is None:
-            refusal = boundary.content_type_refusal(
-                scope["method"], headers
-            ) or boundary.length_refusal(headers, limit)
         if refusal is not None:
             payload = error_payload(protocol_of(path, headers), refusal)
             extra = [(k.lower().encode(), v.encode()) for k, v in (refusal.headers or {}).items()]
@@ -142,6 +133,23 @@ class OpsMiddleware:
             scope = {**scope, "method": "GET"}
             response = _Response(_headers_only(response), [])
         await self._run_app(scope, _limited(receive, limit), response)
+
+    def _refusal(
+        self, scope: Scope, path: str, headers: dict[str, str], settings: Settings, limit: int
+    ) -> APIError | None:
+        """The first check the request fails, in order: Host, key and rate, body."""
+        refusal = boundary.host_refusal(headers, settings)
+        if refusal is not None:
+            return refusal
+        if settings.server.cors_origins and cors.is_preflight(scope["method"], headers):
+            return PREFLIGHT  # answered before the key check: preflights carry no key
+        if boundary.needs_key(path, settings):
+            refusal = self._gate(scope, path, headers, settings)
+        return (
+            refusal
+            or boundary.content_type_refusal(scope["method"], headers)
+            or boundary.length_refusal(headers, limit)
+        )
 
     async def _preflight(self, response: _Response, headers: dict[str, str], allowed: bool) -> None:
         # Preflights carry no credentials, so they are answered before the key check.
