@@ -27,15 +27,13 @@ from tests.support.spec import load_spec, validate_openai
 EXAMPLES = 50  # per route: about 60 s for the four on the 2-core CI machine
 MAX_TOKENS = 3
 
-# Fields the engine-side validation of issue 10 checks against the model (vocabulary
-# size, seed range): generated here only within the model's ranges until it lands,
-# since out-of-range values can crash or poison the engine.
-IN_RANGE: dict[str, st.SearchStrategy[Any]] = {
-    "logit_bias": st.dictionaries(
-        st.sampled_from(["0", "1", "²", "١", "x", "-1", "\ud800", ""]), st.integers(-200, 200)
-    ),
-    "top_k": st.none() | st.integers(-3, 1000),
-    "seed": st.none() | st.integers(-3, 2**32),
+# Fields checked against the model (vocabulary size, seed range): values on both sides
+# of each bound, often, since arbitrary JSON rarely lands near one.
+_ids = st.integers(0, 2**40).map(str) | st.sampled_from(["49151", "49152", "²", "١", "-1", ""])
+MODEL_BOUND: dict[str, st.SearchStrategy[Any]] = {
+    "logit_bias": st.dictionaries(_ids, st.integers(-200, 200) | st.floats(), max_size=3),
+    "top_k": st.integers(-(2**70), 2**70) | st.integers(49_000, 50_000),
+    "seed": st.integers(-(2**70), 2**70) | st.sampled_from([-1, 2**63, 2**64 - 1, 2**64]),
 }
 
 
@@ -130,7 +128,7 @@ def bodies(route: str) -> st.SearchStrategy[dict[str, Any]]:
     fields = _spec_fields(spec, schema) | extras
     names = sorted(fields - {"max_tokens", "max_completion_tokens"})
     changes = st.lists(st.sampled_from(names), max_size=4, unique=True).flatmap(
-        lambda keys: st.fixed_dictionaries({k: IN_RANGE.get(k, json_values) for k in keys})
+        lambda keys: st.fixed_dictionaries({k: MODEL_BOUND.get(k, json_values) for k in keys})
     )
     return st.builds(
         lambda change, msgs: {
@@ -214,6 +212,8 @@ for _ in range(150):  # deeper than prepare.MAX_DEPTH
 KNOWN: dict[str, list[dict[str, Any]]] = {
     "/v1/chat/completions": [
         {**CHAT, "logit_bias": {"²": 1}},
+        {**CHAT, "logit_bias": {"49152": 100}},  # one past the vocabulary: crashed MLX
+        {**CHAT, "top_k": 49152, "temperature": 1, "seed": 2**64},
         {**CHAT, "stream": "yes"},
         {**CHAT, "chat_template_kwargs": DEEP},
     ],
@@ -223,6 +223,7 @@ KNOWN: dict[str, list[dict[str, Any]]] = {
     ],
     "/v1/messages": [
         {**CHAT, "temperature": None},
+        {**CHAT, "top_k": 10**6},
         {**CHAT, "metadata": DEEP},
         # Found by this test: the error message quoted the key, unencodable as UTF-8.
         {
