@@ -104,6 +104,15 @@ class ServerSettings(Section):
         "is a program: rendering one costs CPU up to `limits.prompt_timeout`.",
     )
 
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _usable_hosts(cls, value: list[str]) -> list[str]:
+        # A stray space would make an entry silently match nothing.
+        for host in value:
+            if not host or any(c.isspace() or c in "/@" for c in host):
+                raise ValueError(f"not a host name or host:port: {host!r}")
+        return value
+
 
 class ModelSettings(Section):
     name: str = setting(..., Reload.MODEL, "The id clients send as `model`.", min_length=1)

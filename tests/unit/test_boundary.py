@@ -155,3 +155,9 @@ def test_client_templates_need_the_config_key() -> None:
         assert template_kwargs(request, allow_templates=True) == own
     plain = _chat(chat_template_kwargs={"enable_thinking": False})
     assert template_kwargs(plain, allow_templates=False) == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("host", ["", "llm.example.com ", "http://llm.example.com", "a@b"])
+def test_allowed_hosts_entries_must_be_host_names(host: str) -> None:
+    with pytest.raises(ValueError, match="host"):
+        Settings(server={"allowed_hosts": [host]})
