@@ -83,6 +83,25 @@ def _choose(mode: str, platform: str) -> BlasChoice:
     return BlasChoice(BUNDLED, None, f"no optimized BLAS found; {install_hint()}")
 
 
+def check_library(mode: str, platform: str | None = None) -> None:
+    """Config validation of `engine.blas`: an explicit path must be a loadable CBLAS
+    library. Run by `check-config` and `serve` alike (it is a field validator), so a
+    path `serve` would refuse never passes `check-config`. Opened RTLD_LOCAL, which
+    binds nothing: `configure` opens it RTLD_GLOBAL later."""
+    if (platform or sys.platform) == "darwin" or mode in (AUTO, BUNDLED):
+        return
+    file = Path(mode).expanduser()
+    if not file.is_file():
+        what = "is a directory" if file.is_dir() else "does not exist"
+        raise ValueError(f"{file} {what} (use auto, bundled, or a shared library's path)")
+    try:
+        library = ctypes.CDLL(str(file), mode=ctypes.RTLD_LOCAL)
+    except OSError as exc:
+        raise ValueError(f"cannot load {file} as a shared library: {exc}") from exc
+    if not hasattr(library, "cblas_sgemm"):
+        raise ValueError(f"{file} is not a CBLAS library (it has no cblas_sgemm)")
+
+
 def _load_explicit(path: str) -> BlasChoice:
     file = Path(path).expanduser()
     if _open_global(str(file)) is None:

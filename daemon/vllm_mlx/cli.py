@@ -10,13 +10,27 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
+from pydantic import ValidationError
 
 from vllm_mlx import __version__
-from vllm_mlx.config import LoggingSettings, Settings
-from vllm_mlx.configfile import CONFIG_ENV_VAR, ConfigError, LoadedConfig, load_config
+from vllm_mlx.config import (
+    LocatedError,
+    LoggingSettings,
+    ModelSettings,
+    Settings,
+    check_unique_model_ids,
+)
+from vllm_mlx.configfile import (
+    CONFIG_ENV_VAR,
+    ConfigError,
+    ConfigIssue,
+    LoadedConfig,
+    format_key_path,
+    load_config,
+)
 from vllm_mlx.logging import configure_logging
 from vllm_mlx.parsers.reasoning import reasoning_parser_names
 from vllm_mlx.parsers.tool_calls import tool_call_parser_names
@@ -47,7 +61,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         name = args.served_model_name or Path(args.model.rstrip("/")).name.removesuffix(".gguf")
         if args.model.startswith("builtin:"):
             name = args.served_model_name or args.model.removeprefix("builtin:")
-        model = {"name": name, "source": args.model, "aliases": ["default"]}
+        aliases = ["default"] if name != "default" else []
+        model = {"name": name, "source": args.model, "aliases": aliases}
         result["models"] = [{**model, **_model_flags(args)}]
     return result
 
@@ -62,19 +77,52 @@ def _model_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {key: value for key, value in flags.items() if value is not None}
 
 
+# The flag that sets each per-model key (for errors about a flag's value).
+MODEL_FLAGS = {
+    "name": "--served-model-name",
+    "enable_auto_tool_choice": "--enable-auto-tool-choice",
+    "tool_call_parser": "--tool-call-parser",
+    "reasoning_parser": "--reasoning-parser",
+}
+
+
 def _apply_served_name(
     loaded: LoadedConfig, served_name: str | None, had_model: bool, args: argparse.Namespace
 ) -> LoadedConfig:
-    """Without MODEL, --served-model-name and the parser flags apply to the first model."""
+    """Without MODEL, --served-model-name and the parser flags apply to the first model.
+
+    Raises ConfigError naming the flag when the result is invalid (a parser missing, an
+    id another model already uses).
+    """
     updates = _model_flags(args)
     if served_name:
         updates["name"] = served_name
     if not updates or had_model:
         return loaded
     settings = loaded.settings
-    first = type(settings.models[0]).model_validate({**settings.models[0].model_dump(), **updates})
-    renamed = settings.model_copy(update={"models": [first, *settings.models[1:]]})
-    return LoadedConfig(renamed, loaded.path)
+    taken = {i: m.name for m in settings.models[1:] for i in (m.name, *m.aliases)}
+    if served_name in taken:
+        message = f"{served_name!r} is already the name or an alias of model {taken[served_name]!r}"
+        raise ConfigError(
+            [ConfigIssue("models[0].name", message, "command line (--served-model-name)")]
+        )
+    try:
+        first = ModelSettings.model_validate({**settings.models[0].model_dump(), **updates})
+        models = [first, *settings.models[1:]]
+        check_unique_model_ids(models)
+    except ValidationError as exc:
+        raise ConfigError([_flag_issue(e["loc"], e["msg"], updates) for e in exc.errors()]) from exc
+    except LocatedError as exc:
+        raise ConfigError([_flag_issue(exc.loc[1:], str(exc), updates)]) from exc
+    renamed = settings.model_copy(update={"models": models})
+    return LoadedConfig(renamed, loaded.path, loaded.warnings)
+
+
+def _flag_issue(loc: Sequence[str | int], message: str, given: dict[str, Any]) -> ConfigIssue:
+    keys = [str(loc[0])] if loc and str(loc[0]) in MODEL_FLAGS else list(given)
+    flags = ", ".join(MODEL_FLAGS[key] for key in keys if key in MODEL_FLAGS)
+    text = message.removeprefix("Value error, ")
+    return ConfigIssue(format_key_path(["models", 0, *loc]), text, f"command line ({flags})")
 
 
 def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
@@ -150,14 +198,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(exc: ConfigError) -> NoReturn:
+    print(f"error: invalid configuration ({len(exc.issues)} problem(s)):", file=sys.stderr)
+    for issue in exc.issues:
+        print(f"  {issue}", file=sys.stderr)
+    raise SystemExit(1) from exc
+
+
 def _load(path: str | None, overrides: dict[str, Any] | None = None) -> LoadedConfig:
     try:
         return load_config(path, overrides)
     except ConfigError as exc:
-        print(f"error: invalid configuration ({len(exc.issues)} problem(s)):", file=sys.stderr)
-        for issue in exc.issues:
-            print(f"  {issue}", file=sys.stderr)
-        raise SystemExit(1) from exc
+        _fail(exc)
 
 
 def _config_source(explicit: str | None, loaded: LoadedConfig) -> Path | None:
@@ -182,9 +234,12 @@ def _choose_blas(mode: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     overrides = _serve_overrides(args)
-    loaded = _apply_served_name(
-        _load(args.config, overrides), args.served_model_name, bool(args.model), args
-    )
+    try:
+        loaded = _apply_served_name(
+            _load(args.config, overrides), args.served_model_name, bool(args.model), args
+        )
+    except ConfigError as exc:
+        _fail(exc)
     source = _config_source(args.config, loaded)
     _choose_blas(loaded.settings.engine.blas)
 
@@ -195,8 +250,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vllm_mlx.daemon import run
 
-    run(loaded, reload_config, source)
-    return 0
+    return run(loaded, reload_config, source)
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
@@ -223,6 +277,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     loaded = _load(args.path)
     where = str(loaded.path) if loaded.path else "built-in defaults (no config file found)"
+    for warning in loaded.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.print:
         print(yaml.safe_dump(loaded.settings.model_dump(mode="json"), sort_keys=False), end="")
     print(f"ok: {where}", file=sys.stderr)

@@ -58,6 +58,33 @@ def setting(default: Any, reload: Reload, description: str, **kwargs: Any) -> An
     )
 
 
+class LocatedError(ValueError):
+    """A validator's error about a part of its value: `loc` continues the field's key
+    path (configfile.py reports it at that part's own line)."""
+
+    def __init__(self, message: str, loc: tuple[str | int, ...]) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def check_unique_model_ids(models: list[ModelSettings]) -> None:
+    """Raise LocatedError at the first name or alias already used by an earlier model."""
+    seen: dict[str, int] = {}
+    for index, model in enumerate(models):
+        ids: list[tuple[str, tuple[str | int, ...]]] = [(model.name, (index, "name"))]
+        ids += [(alias, (index, "aliases", n)) for n, alias in enumerate(model.aliases)]
+        for model_id, loc in ids:
+            if model_id in seen:
+                first = seen[model_id]
+                owner = "this model" if first == index else f"models[{first}]"
+                raise LocatedError(
+                    f"model id {model_id!r} is already used by {owner} "
+                    f"({models[first].name!r}); names and aliases must be unique",
+                    loc,
+                )
+            seen[model_id] = index
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -226,6 +253,14 @@ class EngineSettings(Section):
         min_length=1,
     )
 
+    @field_validator("blas")
+    @classmethod
+    def _blas_loads(cls, value: str) -> str:
+        from vllm_mlx.blas import check_library
+
+        check_library(value)
+        return value
+
 
 class DefaultsSettings(Section):
     """Sampling defaults for requests that do not set a value themselves."""
@@ -368,15 +403,7 @@ class Settings(BaseSettings):
     @field_validator("models")
     @classmethod
     def _unique_model_ids(cls, models: list[ModelSettings]) -> list[ModelSettings]:
-        seen: dict[str, str] = {}
-        for model in models:
-            for model_id in (model.name, *model.aliases):
-                if model_id in seen:
-                    raise ValueError(
-                        f"model id {model_id!r} is used by both {seen[model_id]!r} and "
-                        f"{model.name!r}; names and aliases must be unique"
-                    )
-                seen[model_id] = model.name
+        check_unique_model_ids(models)
         return models
 
     @classmethod

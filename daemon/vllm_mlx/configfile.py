@@ -6,17 +6,26 @@ the hot reloader all go through it, so they agree on what a file means.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import SettingsError
 
-from vllm_mlx.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings, current_file_data
+from vllm_mlx.config import (
+    ENV_NESTED_DELIMITER,
+    ENV_PREFIX,
+    LocatedError,
+    Settings,
+    current_file_data,
+)
 
 CONFIG_FILE_NAME = "vllm-mlx.yaml"
 CONFIG_ENV_VAR = "VLLM_MLX_CONFIG"
@@ -72,7 +81,14 @@ def find_config_file(explicit: str | Path | None = None) -> Path | None:
         path = Path(named).expanduser()
         if not path.is_file():
             origin = "--config" if explicit else f"environment variable {CONFIG_ENV_VAR}"
-            raise ConfigError([ConfigIssue("", f"config file {path} does not exist", origin)])
+            what = (
+                "is a directory, not a file"
+                if path.is_dir()
+                else "is not a regular file"
+                if path.exists()
+                else "does not exist"
+            )
+            raise ConfigError([ConfigIssue("", f"config file {path} {what}", origin)])
         return path.resolve()
     for candidate in [Path.cwd() / CONFIG_FILE_NAME, *platform_config_paths()]:
         if candidate.is_file():
@@ -118,13 +134,32 @@ def format_key_path(path: Sequence[str | int]) -> str:
     return out
 
 
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    before = text[:offset]
+    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
+
+
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; unreadable or non-UTF-8 files name the place."""
+    origin = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError([ConfigIssue("", f"cannot read: {exc.strerror}", origin)]) from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # Everything before the first bad byte is valid UTF-8: count characters there.
+        before = raw[: exc.start].decode("utf-8")
+        line, column = _line_column(before, len(before))
+        message = f"not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8"
+        raise ConfigError([ConfigIssue("", message, origin, line, column)]) from exc
+
+
 def read_config_file(path: Path) -> tuple[dict[str, Any], _Positions]:
     """Parse the YAML file; syntax errors and a non-mapping root become ConfigErrors."""
     origin = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([ConfigIssue("", f"cannot read: {exc.strerror}", origin)]) from exc
+    text = _read_text(path)
     positions = _Positions()
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -134,6 +169,13 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], _Positions]:
         line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
         message = f"YAML syntax error: {exc.problem or exc}"
         raise ConfigError([ConfigIssue("", message, origin, line, column)]) from exc
+    except yaml.reader.ReaderError as exc:  # a NUL or other control character
+        line, column = _line_column(text, exc.position)
+        message = f"character {exc.character!r} is not allowed in YAML (is this a text file?)"
+        raise ConfigError([ConfigIssue("", message, origin, line, column)]) from exc
+    except RecursionError as exc:
+        message = "YAML nesting is too deep"
+        raise ConfigError([ConfigIssue("", message, origin)]) from exc
     if data is None:
         return {}, positions
     if not isinstance(data, dict):
@@ -181,6 +223,9 @@ def _issues_from(
     issues = []
     for error in exc.errors(include_url=False):
         path: KeyPath = tuple(error["loc"])
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, LocatedError):
+            path = (*path, *cause.loc)
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see docs/configuration.md)"
@@ -199,10 +244,68 @@ def _issues_from(
     return issues
 
 
+def _is_complex(parts: Sequence[str]) -> bool:
+    """Whether pydantic-settings reads this env variable's value as JSON (a list, a
+    mapping or a whole section)."""
+    model: type[BaseModel] = Settings
+    for index, part in enumerate(parts):
+        info = model.model_fields.get(part)
+        if info is None:
+            return False
+        annotation = info.annotation
+        last = index == len(parts) - 1
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            if last:
+                return True
+            continue
+        return last and get_origin(annotation) in (list, dict)
+    return False
+
+
+def _env_json_issues(exc: SettingsError) -> list[ConfigIssue]:
+    """The VLLM_MLX_* variables whose value should be JSON and is not."""
+    match = re.search(r'field "(\w+)"', str(exc))
+    prefix = ENV_PREFIX + (match.group(1).upper() if match else "")
+    issues = []
+    for name, value in sorted(os.environ.items()):
+        upper = name.upper()
+        if upper != prefix and not upper.startswith(prefix + ENV_NESTED_DELIMITER):
+            continue
+        parts = upper.removeprefix(ENV_PREFIX).lower().split(ENV_NESTED_DELIMITER)
+        if not _is_complex(parts):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            message = 'not valid JSON; lists and mappings are written as JSON, e.g. ["a", "b"]'
+            issues.append(ConfigIssue(".".join(parts), message, f"environment variable {name}"))
+    return issues or [ConfigIssue("", str(exc), "environment variables")]
+
+
 @dataclass(frozen=True)
 class LoadedConfig:
     settings: Settings
     path: Path | None
+    warnings: tuple[str, ...] = ()  # logged by serve, printed by check-config
+
+
+def _secret_warnings(path: Path | None, data: Mapping[str, Any]) -> tuple[str, ...]:
+    """A file that holds API keys should be readable by its owner only."""
+    auth = data.get("auth")
+    if path is None or not isinstance(auth, Mapping) or not auth.get("api_keys"):
+        return ()
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return ()
+    if not mode & 0o044:
+        return ()
+    who = " and ".join(w for w, bit in (("its group", 0o040), ("everyone", 0o004)) if mode & bit)
+    return (
+        f"{path} holds auth.api_keys but is readable by {who} (mode {mode:04o}); "
+        f"restrict it with: chmod 600 {path}",
+    )
 
 
 def load_config(
@@ -218,9 +321,11 @@ def load_config(
         settings = Settings(**cli)
     except ValidationError as exc:
         raise ConfigError(_issues_from(exc, path, positions, cli)) from exc
+    except SettingsError as exc:  # pydantic-settings could not decode an env variable
+        raise ConfigError(_env_json_issues(exc)) from exc
     finally:
         current_file_data.reset(token)
-    return LoadedConfig(settings, path)
+    return LoadedConfig(settings, path, _secret_warnings(path, data))
 
 
 def load_settings(

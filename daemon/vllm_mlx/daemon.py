@@ -13,6 +13,7 @@ then exits 0; a second one exits at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -90,6 +91,8 @@ class Daemon:
             self._apply_full,
             on_result=self.state.metrics.config_reloaded,  # vllm_mlx_config_reloads_total
         )
+        self.config_warnings = loaded.warnings
+        self.exit_code = 0
         self.listeners: list[Listener] = []
         self.pid_file: Path | None = None
         self._stopping = False
@@ -263,12 +266,38 @@ class Daemon:
         remove_pid_file(self.pid_file)
         self.pid_file = write_pid_file(new.resolved_cache_dir(), new.server.port)
 
+    # --- startup ---------------------------------------------------------------------
+
+    def _notify_settled(self, loop: asyncio.AbstractEventLoop) -> None:
+        # RuntimeError: the loop is closed, the daemon stopped while models were loading.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._models_settled)
+
+    def _models_settled(self) -> None:
+        """Once startup loading is over: exit 1 when no model loaded, else serve the rest."""
+        failed = {e.settings.name: e.error for e in self.registry.failed()}
+        if not failed or self._stopping:
+            return
+        if not self.registry.ready:
+            log.error("startup failed: no model could be loaded; exiting", failed=failed)
+            self.exit_code = 1
+            self._stopping = True
+            for listener in self.listeners:
+                listener.server.stop()
+            return
+        log.warning("serving without the models that failed to load", failed=failed)
+
     # --- main ------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self) -> int:
         self._install_signal_handlers()
         settings = self.settings
-        self._loader_thread = self.registry.load_in_background(model_loader(settings))
+        for warning in self.config_warnings:
+            log.warning("config file readable by others", detail=warning)
+        loop = asyncio.get_running_loop()
+        self._loader_thread = self.registry.load_in_background(
+            model_loader(settings), lambda: self._notify_settled(loop)
+        )
         self._listen(settings)
         self.pid_file = write_pid_file(settings.resolved_cache_dir(), settings.server.port)
         stop_watching = asyncio.Event()
@@ -288,7 +317,8 @@ class Daemon:
             stop_watching.set()
             self._stop_engines()
             remove_pid_file(self.pid_file)
-            log.info("stopped")
+            log.info("stopped", exit_code=self.exit_code)
+        return self.exit_code
 
     async def _serve(self) -> None:
         """Until every listener has stopped; one that stops unasked ends the daemon."""
@@ -306,8 +336,10 @@ def run(
     loaded: LoadedConfig,
     reload_config: Callable[[], Settings] | None = None,
     watch_path: Path | None = None,
-) -> None:
-    """Serve until stopped. `reload_config` rebuilds Settings as `serve` did (same file,
-    environment and flags); `watch_path` is the file as named, before symlinks."""
+) -> int:
+    """Serve until stopped; the exit status (1: no model could be loaded).
+
+    `reload_config` rebuilds Settings as `serve` did (same file, environment and
+    flags); `watch_path` is the file as named, before symlinks."""
     configure_logging(loaded.settings.logging)
-    asyncio.run(Daemon(loaded, reload_config, watch_path).run())
+    return asyncio.run(Daemon(loaded, reload_config, watch_path).run())

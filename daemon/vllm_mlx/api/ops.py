@@ -22,8 +22,12 @@ from vllm_mlx.engine.registry import LoadState, ModelEntry
 from vllm_mlx.metrics import CONTENT_TYPE, MemorySample, ModelSample
 
 GIB = 1024**3
-# The seed's `status` words: a model that is loading or failed is "not_loaded".
-STATUS_WORDS = {LoadState.RUNNING: "running", LoadState.STOPPED: "stopped"}
+# The seed's `status` words (a model still loading is "not_loaded"), and "failed".
+STATUS_WORDS = {
+    LoadState.RUNNING: "running",
+    LoadState.STOPPED: "stopped",
+    LoadState.FAILED: "failed",
+}
 NO_CACHE = {"type": "none", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
 
 
@@ -34,17 +38,25 @@ def _state(request: Request[Any, Any, Any]) -> ServerState:
 
 @get("/health", sync_to_thread=False)
 def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    """200 once every model is loaded and the server is not draining, else 503."""
+    """200 once every model has loaded or failed and one serves, unless draining; else 503.
+
+    A model that failed to load does not hold the others back: "degraded", with its
+    error in `models` (a daemon where none loads exits at startup).
+    """
     state = _state(request)
+    registry = state.registry
     models = [
         {"name": e.settings.name, "state": e.state.value, **({"error": e.error} if e.error else {})}
-        for e in state.registry.entries()
+        for e in registry.entries()
     ]
     if state.draining:
         return Response({"status": "draining", "models": models}, status_code=503)
-    if not state.registry.ready:
+    if not registry.settled:
         return Response({"status": "loading", "models": models}, status_code=503)
-    return Response({"status": "ok", "models": models}, status_code=200)
+    if not registry.ready:
+        return Response({"status": "failed", "models": models}, status_code=503)
+    word = "degraded" if registry.failed() else "ok"
+    return Response({"status": word, "models": models}, status_code=200)
 
 
 @get("/metrics", sync_to_thread=False)
@@ -136,7 +148,8 @@ def _overall(state: ServerState, blocks: list[dict[str, Any]]) -> str:
     words = {b["status"] for b in blocks}
     if state.draining or words == {"stopped"}:
         return "stopped"
-    return "running" if words == {"running"} else "not_loaded"
+    # Models that failed to load are reported in their blocks; the rest serve.
+    return "running" if words - {"failed"} == {"running"} else "not_loaded"
 
 
 def status_document(state: ServerState) -> dict[str, Any]:

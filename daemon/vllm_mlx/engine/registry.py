@@ -27,6 +27,9 @@ class LoadState(enum.StrEnum):
     STOPPED = "stopped"
 
 
+UNSETTLED = (LoadState.NOT_LOADED, LoadState.LOADING)
+
+
 @dataclass
 class ModelEntry:
     settings: ModelSettings
@@ -57,13 +60,22 @@ class ModelRegistry:
                 engine = Engine(loaded, self.scheduler_config)
                 engine.start()
             except Exception as exc:
-                entry.state, entry.error = LoadState.FAILED, str(exc)
+                entry.state, entry.error = LoadState.FAILED, str(exc) or type(exc).__name__
                 log.exception("model failed to load", model=entry.settings.name)
                 continue
             entry.engine, entry.state = engine, LoadState.RUNNING
 
-    def load_in_background(self, loader: Loader) -> threading.Thread:
-        thread = threading.Thread(target=self.load_all, args=(loader,), name="model-loader")
+    def load_in_background(
+        self, loader: Loader, on_done: Callable[[], None] | None = None
+    ) -> threading.Thread:
+        """Load every model on a thread; `on_done` runs on that thread once all settled."""
+
+        def load() -> None:
+            self.load_all(loader)
+            if on_done is not None:
+                on_done()
+
+        thread = threading.Thread(target=load, name="model-loader")
         thread.daemon = True
         thread.start()
         return thread
@@ -138,8 +150,18 @@ class ModelRegistry:
         return [alias for alias, target in self._aliases.items() if target == name]
 
     @property
+    def settled(self) -> bool:
+        """No model is still waiting to load or loading."""
+        return all(e.state not in UNSETTLED for e in self._entries.values())
+
+    @property
     def ready(self) -> bool:
-        return all(e.state is LoadState.RUNNING for e in self._entries.values())
+        """Every model loaded or failed, and at least one serving."""
+        states = [e.state for e in self._entries.values()]
+        return self.settled and LoadState.RUNNING in states
+
+    def failed(self) -> list[ModelEntry]:
+        return [e for e in self._entries.values() if e.state is LoadState.FAILED]
 
 
 def _same_model(entry: ModelEntry, model: ModelSettings) -> bool:

@@ -99,7 +99,12 @@ def classify_source(source: str) -> ModelSource:
 
 
 def check_source(source: str) -> None:
-    """Raise ValueError when the source cannot exist (builtins must also be installed)."""
+    """Raise ValueError when the source cannot be served: it cannot exist, a builtin is
+    not installed, or a GGUF file's header says the importer cannot convert it."""
+    from vllm_mlx.models.gguf_header import read_gguf_header
+
     parsed = classify_source(source)
     if parsed.kind is SourceKind.BUILTIN:
-        builtin_path(parsed.value)
+        read_gguf_header(builtin_path(parsed.value))
+    elif parsed.kind is SourceKind.GGUF_FILE:
+        read_gguf_header(parsed.path)
