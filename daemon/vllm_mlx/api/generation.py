@@ -56,9 +56,9 @@ def resolve_target(state: ServerState, model_id: str) -> Target:
     if entry is None:
         raise model_not_found(model_id)
     if entry.state is not LoadState.RUNNING or entry.engine is None:
-        raise APIError(
-            503, f"model '{model_id}' is {entry.state.value}", "unavailable", code="model_not_ready"
-        )
+        failed = entry.state is LoadState.FAILED
+        what = f"failed to load: {entry.error}" if failed else f"is {entry.state.value}"
+        raise APIError(503, f"model '{model_id}' {what}", "unavailable", code="model_not_ready")
     scheduler = entry.engine.scheduler
     if scheduler.on_step is None:
         # Steps only happen for submitted requests, so hooking here misses none.

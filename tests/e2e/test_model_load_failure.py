@@ -1,0 +1,75 @@
+"""A model that fails to load, against the real daemon process: one model fails start-up
+with a non-zero exit; among several, the others serve and the failure is reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import STARTUP_TIMEOUT_S, StartDaemon
+from tests.e2e.lifecycle_helpers import client, status
+
+BUILTIN = "builtin:smollm2-135m-instruct"
+
+
+def not_a_model(tmp_path: Path) -> Path:
+    """Passes config validation (a directory with a config.json) but cannot load."""
+    directory = tmp_path / "broken-model"
+    directory.mkdir()
+    (directory / "config.json").write_text('{"model_type": "llama"}\n')
+    return directory
+
+
+def test_the_only_model_failing_to_load_fails_startup(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    broken = not_a_model(tmp_path)
+    daemon = start_daemon({"models": [{"name": "broken", "source": str(broken)}]}, wait=False)
+    # Before the fix it kept answering 503 "loading" and never exited.
+    code = daemon.process.wait(STARTUP_TIMEOUT_S)
+    log = daemon.log_text()
+    assert code == 1, log
+    assert "no model could be loaded" in log
+    assert "broken" in log and str(broken) in log  # which model, and mlx-lm's reason
+
+
+def test_the_other_models_serve_and_the_failed_one_is_reported(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    broken = not_a_model(tmp_path)
+    models = [
+        {"name": "broken", "source": str(broken)},
+        {"name": "good", "source": BUILTIN, "aliases": ["default"]},
+    ]
+    daemon = start_daemon({"models": models}, wait=False)
+    daemon.wait_healthy()
+
+    health = httpx.get(f"{daemon.base_url}/health", timeout=10)
+    assert health.status_code == 200
+    body = health.json()
+    assert body["status"] == "degraded"
+    by_name = {m["name"]: m for m in body["models"]}
+    assert by_name["good"]["state"] == "running"
+    assert by_name["broken"]["state"] == "failed" and str(broken) in by_name["broken"]["error"]
+
+    document = status(daemon)
+    blocks = {b["model"]: b for b in document["models"]}
+    assert blocks["broken"]["status"] == "failed" and blocks["broken"]["error"]
+    assert blocks["good"]["status"] == "running"
+    assert document["status"] == "running"
+
+    api = client(daemon)
+    reply = api.chat.completions.create(
+        model="good", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    )
+    assert reply.choices[0].message.content
+    with pytest.raises(openai.APIStatusError) as caught:
+        api.chat.completions.create(
+            model="broken", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+    assert caught.value.status_code == 503
+    assert "failed to load" in caught.value.message
+    assert daemon.process.poll() is None

@@ -1,0 +1,225 @@
+"""Config and CLI mistakes become messages naming the file and line, the environment
+variable or the flag (never a traceback), and check-config runs every check serve runs
+before loading weights."""
+
+from __future__ import annotations
+
+import _ctypes
+import os
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_mlx.cli import main
+from vllm_mlx.configfile import ConfigError, ConfigIssue, load_config, load_settings
+from vllm_mlx.models.sources import builtin_path
+
+BUILTIN = "builtin:smollm2-135m-instruct"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("VLLM_MLX_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+
+
+def issues(config: Path | None = None) -> list[ConfigIssue]:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    return caught.value.issues
+
+
+def check_config(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Exit status and stderr of `vllm-mlx check-config PATH`."""
+    try:
+        code = main(["check-config", str(path)])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+# --- the file itself --------------------------------------------------------------------
+
+
+def test_non_utf8_bytes_are_located(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"server:\n  host: caf\xe9\n")
+    (issue,) = issues(path)
+    assert (issue.origin, issue.line, issue.column) == (str(path), 2, 12)
+    assert "UTF-8" in issue.message and "0xe9" in issue.message
+
+
+def test_a_nul_byte_is_located(tmp_path: Path) -> None:
+    path = tmp_path / "nul.yaml"
+    path.write_bytes(b"server:\n  port: 80\x00\n")
+    (issue,) = issues(path)
+    assert (issue.origin, issue.line, issue.column) == (str(path), 2, 11)
+    assert "not allowed" in issue.message
+
+
+def test_a_directory_as_the_config_is_called_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    assert "is a directory" in str(caught.value) and "does not exist" not in str(caught.value)
+
+
+def test_duplicate_model_name_and_alias_are_reported_at_their_own_line(tmp_path: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    models = f"models:\n  - name: a\n    source: {BUILTIN}\n  - name: b\n    source: {BUILTIN}\n"
+    path.write_text(models + "    aliases: [x, a]\n")
+    (issue,) = issues(path)
+    assert (issue.line, issue.column, issue.key_path) == (6, 18, "models[1].aliases[1]")
+    assert "'a'" in issue.message
+    path.write_text(models + f"  - name: b\n    source: {BUILTIN}\n")
+    (issue,) = issues(path)
+    assert (issue.line, issue.column, issue.key_path) == (6, 5, "models[2].name")
+
+
+# --- environment variables ---------------------------------------------------------------
+
+
+def test_a_list_variable_that_is_not_json_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_MLX_AUTH__API_KEYS", "abc")
+    monkeypatch.setenv("VLLM_MLX_AUTH__RATE_LIMIT", "5")  # fine: not blamed
+    (issue,) = issues()
+    assert issue.origin == "environment variable VLLM_MLX_AUTH__API_KEYS"
+    assert issue.key_path == "auth.api_keys" and "JSON" in issue.message
+
+
+def test_a_section_variable_that_is_not_json_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_MLX_SERVER__HOST", "localhost")  # a string, never JSON
+    monkeypatch.setenv("VLLM_MLX_SERVER__CORS_ORIGINS", "https://a.example")
+    (issue,) = issues()
+    assert issue.origin == "environment variable VLLM_MLX_SERVER__CORS_ORIGINS"
+
+
+# --- command-line flags --------------------------------------------------------------------
+
+
+def serve(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """stderr of a `serve` that must refuse its flags before starting anything."""
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", *argv])
+    assert exited.value.code == 1
+    return capsys.readouterr().err
+
+
+def test_auto_tool_choice_without_a_parser_names_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = serve(["--enable-auto-tool-choice"], capsys)
+    assert "command line (--enable-auto-tool-choice)" in err and "tool_call_parser" in err
+    err = serve([BUILTIN, "--enable-auto-tool-choice"], capsys)
+    assert "command line" in err and "tool_call_parser" in err
+
+
+def test_served_model_name_cannot_duplicate_an_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        f"models:\n  - {{name: a, source: '{BUILTIN}'}}\n"
+        f"  - {{name: b, source: '{BUILTIN}', aliases: [bee]}}\n"
+    )
+    for taken in ("b", "bee"):
+        err = serve(["--config", str(path), "--served-model-name", taken], capsys)
+        assert "--served-model-name" in err and f"'{taken}' is already" in err
+
+
+def test_served_model_name_default_with_a_model_argument_is_allowed() -> None:
+    from vllm_mlx.cli import _serve_overrides, build_parser
+
+    args = build_parser().parse_args(["serve", BUILTIN, "--served-model-name", "default"])
+    (model,) = load_settings(None, _serve_overrides(args)).models
+    assert (model.name, model.aliases) == ("default", [])
+
+
+# --- check-config runs serve's checks ------------------------------------------------------
+
+
+def gguf_header(architecture: str) -> bytes:
+    def text(value: str) -> bytes:
+        return struct.pack("<Q", len(value)) + value.encode()
+
+    kv = text("general.architecture") + struct.pack("<I", 8) + text(architecture)
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"hello, not a model\n", "is not a GGUF file"),
+        (gguf_header("gpt2"), "unsupported GGUF architecture 'gpt2'"),
+        (b"GGUF" + struct.pack("<I", 7) + bytes(16), "unsupported GGUF version 7"),
+        ("truncated", "truncated"),
+    ],
+)
+def test_check_config_reads_the_gguf_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | str, expected: str
+) -> None:
+    model = tmp_path / "model.gguf"
+    if content == "truncated":  # the real file cut inside its tensor data
+        with builtin_path("smollm2-135m-instruct").open("rb") as real:
+            content = real.read(4 << 20)
+    assert isinstance(content, bytes)
+    model.write_bytes(content)
+    config = tmp_path / "vllm-mlx.yaml"
+    config.write_text(f"models:\n  - name: m\n    source: {model}\n")
+    code, err = check_config(config, capsys)
+    assert code == 1
+    assert f"{config}:3:5: models[0].source:" in err and expected in err
+
+
+def test_check_config_accepts_the_real_gguf(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "vllm-mlx.yaml"
+    config.write_text(f"models:\n  - name: m\n    source: {builtin_path('smollm2-135m-instruct')}\n")
+    assert check_config(config, capsys)[0] == 0
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="engine.blas is ignored on macOS")
+def test_check_config_checks_the_blas_library(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "vllm-mlx.yaml"
+    not_a_library = tmp_path / "notes.txt"
+    not_a_library.write_text("hello\n")
+    cases = [
+        (tmp_path / "absent.so", "does not exist"),
+        (not_a_library, "cannot load"),
+        (tmp_path, "is a directory"),
+        (Path(_ctypes.__file__), "not a CBLAS library"),  # a shared library, no CBLAS
+    ]
+    for path, expected in cases:
+        config.write_text(f"engine:\n  blas: {path}\n")
+        code, err = check_config(config, capsys)
+        assert code == 1 and f"{config}:2:3: engine.blas:" in err and expected in err
+
+
+# --- secrets in a readable file ------------------------------------------------------------
+
+
+def test_check_config_warns_when_api_keys_are_readable_by_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "vllm-mlx.yaml"
+    config.write_text("auth:\n  api_keys: [secret-key]\n")
+    config.chmod(0o644)
+    code, err = check_config(config, capsys)
+    assert code == 0 and "warning:" in err and "chmod 600" in err and "everyone" in err
+    config.chmod(0o600)
+    code, err = check_config(config, capsys)
+    assert code == 0 and "warning" not in err
+    config.write_text("server:\n  port: 8001\n")  # no keys in it: readable is fine
+    config.chmod(0o644)
+    assert "warning" not in check_config(config, capsys)[1]
