@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 import os
 import pwd
+import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -30,6 +31,8 @@ Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
 LABEL = "org.vllm-mlx.daemon"  # launchd job label
 UNIT = "vllm-mlx.service"  # systemd unit name
+ENV_FILE = "service.env"  # the --env values of a systemd unit, beside the config (0600)
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The stop timeout a service manager gets: the drain, then ABORT_GRACE_S (daemon.py)
 # for aborted streams to end, then stopping the engines.
 STOP_GRACE_S = 15
@@ -53,6 +56,13 @@ class ServiceSpec:
     writable: tuple[Path, ...]  # model caches the daemon writes
     home: Path
     environment: dict[str, str] = field(default_factory=dict)
+    # The --env keys: their values may be secrets (API keys, hub tokens), so systemd
+    # units read them from a 0600 file instead of holding them (see env_file_text).
+    secret_keys: frozenset[str] = frozenset()
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        return {k: v for k, v in self.environment.items() if k in self.secret_keys}
 
     @property
     def stop_timeout(self) -> int:
@@ -110,15 +120,20 @@ RestrictRealtime=yes
 """
 
 
-def render_unit(spec: ServiceSpec) -> str:
+def render_unit(spec: ServiceSpec, env_file: Path) -> str:
+    """The systemd unit; the --env values stay out of it, in `env_file` (0600)."""
     hardening = ""
     if spec.scope == "system":
         writable = "".join(f"ReadWritePaths=-{systemd_quote(str(p))}\n" for p in spec.writable)
         config_dir = systemd_quote(str(spec.config.parent))
         hardening = f"{SYSTEM_HARDENING}{writable}ReadOnlyPaths=-{config_dir}\n"
     env = "".join(
-        f"Environment={systemd_quote(f'{k}={v}')}\n" for k, v in sorted(spec.environment.items())
+        f"Environment={systemd_quote(f'{k}={v}')}\n"
+        for k, v in sorted(spec.environment.items())
+        if k not in spec.secret_keys
     )
+    if spec.secret_keys:
+        env += f"EnvironmentFile={systemd_quote(str(env_file))}\n"
     return Template(template_text("vllm-mlx.service.template")).substitute(
         exec_start=" ".join(systemd_quote(arg) for arg in spec.argv),
         stop_timeout=spec.stop_timeout,
@@ -129,14 +144,28 @@ def render_unit(spec: ServiceSpec) -> str:
     )
 
 
+def env_file_text(secrets: Mapping[str, str]) -> str:
+    """A systemd EnvironmentFile: single quotes keep a value literal ($, \\, spaces);
+    a value holding a single quote goes in double quotes with systemd's escapes."""
+    lines = ["# Written by `vllm-mlx service install --env`; mode 0600: it holds secrets."]
+    for key, value in sorted(secrets.items()):
+        if "'" not in value:
+            lines.append(f"{key}='{value}'")
+        else:
+            escaped = "".join("\\" + c if c in '"\\`$' else c for c in value)
+            lines.append(f'{key}="{escaped}"')
+    return "\n".join(lines) + "\n"
+
+
 class ServiceManager(Protocol):
     """One service manager: where its unit goes and the calls that (un)load it."""
 
     unit_path: Path
+    secrets_path: Path  # where the --env values are written (mode 0600)
 
     def render(self, spec: ServiceSpec) -> str: ...
 
-    def install(self, text: str) -> None: ...
+    def install(self, text: str, secrets: Mapping[str, str] | None = None) -> None: ...
 
     def uninstall(self) -> None: ...
 
@@ -159,6 +188,21 @@ def write_file(path: Path, text: str) -> None:
     path.chmod(0o644)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, never readable by others even for a moment:
+    created 0600 beside the target, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file left over
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
 class Launchd:
     def __init__(
         self, scope: Scope, home: Path, uid: int, run: Runner = run_command, root: Path = ROOT
@@ -173,13 +217,18 @@ class Launchd:
             self.unit_path = root / "Library" / "LaunchDaemons" / f"{LABEL}.plist"
             self.domain = "system"
             self.log_dir = root / "Library" / "Logs" / "vllm-mlx"
+        # launchd has no environment files: the plist holds the values, so it is 0600.
+        self.secrets_path = self.unit_path
 
     def render(self, spec: ServiceSpec) -> str:
         return render_plist(spec, self.log_dir)
 
-    def install(self, text: str) -> None:
+    def install(self, text: str, secrets: Mapping[str, str] | None = None) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        write_file(self.unit_path, text)
+        if secrets:
+            write_private(self.unit_path, text)
+        else:
+            write_file(self.unit_path, text)
         # A job already loaded keeps its old definition: unload first (an error here
         # only means it was not loaded).
         self.run(["launchctl", "bootout", f"{self.domain}/{LABEL}"])
@@ -201,14 +250,20 @@ class Systemd:
         self.run = run
         if scope == "user":
             self.unit_path = config_home / "systemd" / "user" / UNIT
+            self.secrets_path = config_home / "vllm-mlx" / ENV_FILE
         else:
             self.unit_path = root / "etc" / "systemd" / "system" / UNIT
+            self.secrets_path = root / "etc" / "vllm-mlx" / ENV_FILE
         self.systemctl = ["systemctl", "--user"] if scope == "user" else ["systemctl"]
 
     def render(self, spec: ServiceSpec) -> str:
-        return render_unit(spec)
+        return render_unit(spec, self.secrets_path)
 
-    def install(self, text: str) -> None:
+    def install(self, text: str, secrets: Mapping[str, str] | None = None) -> None:
+        if secrets:
+            write_private(self.secrets_path, env_file_text(secrets))
+        else:  # values from an earlier install must not linger
+            self.secrets_path.unlink(missing_ok=True)
         write_file(self.unit_path, text)
         _checked(self.run([*self.systemctl, "daemon-reload"]))
         active = self.run([*self.systemctl, "is-active", "--quiet", UNIT]).returncode == 0
@@ -221,6 +276,7 @@ class Systemd:
     def uninstall(self) -> None:
         self.run([*self.systemctl, "disable", "--now", UNIT])
         self.unit_path.unlink(missing_ok=True)
+        self.secrets_path.unlink(missing_ok=True)
         self.run([*self.systemctl, "daemon-reload"])
 
     def status(self) -> subprocess.CompletedProcess[str]:
@@ -284,11 +340,16 @@ def build_spec(scope: Scope, config: Path, extra_env: Sequence[str] = ()) -> Ser
         "PATH": f"{Path(program[0]).parent}:{DEFAULT_PATH}",
         "PYTHONUNBUFFERED": "1",
     }
+    secret_keys = set()
     for item in extra_env:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ServiceError(f"--env wants KEY=VALUE, got {item!r}")
+        if not sep or not ENV_KEY.match(key):
+            raise ServiceError(f"--env wants KEY=VALUE (KEY: letters, digits, _), got {item!r}")
+        if any(c in value for c in "\n\r\0"):
+            # A line break would end the unit's line: the rest would become directives.
+            raise ServiceError(f"--env {key}: the value must be one line")
         environment[key] = value
+        secret_keys.add(key)
     return ServiceSpec(
         scope=scope,
         program=program,
@@ -297,4 +358,5 @@ def build_spec(scope: Scope, config: Path, extra_env: Sequence[str] = ()) -> Ser
         writable=caches(home, settings.paths.cache_dir, environment),
         home=home,
         environment=environment,
+        secret_keys=frozenset(secret_keys),
     )

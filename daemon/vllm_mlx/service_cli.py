@@ -101,13 +101,23 @@ def _install(args: argparse.Namespace, scope: Scope, manager: ServiceManager) ->
         spec = build_spec(scope, Path(os.path.abspath(config or "vllm-mlx.yaml")), args.env)
         print(manager.render(spec), end="")
         print(f"# would write {manager.unit_path}", file=sys.stderr)
+        if spec.secret_keys:
+            keys = ", ".join(sorted(spec.secret_keys))
+            print(f"# {keys} would go in {manager.secrets_path} (mode 0600)", file=sys.stderr)
         return 0
     config, created = service_config(scope, args.config)
     if created:
         print(f"created {config} from the reference config")
-    text = manager.render(build_spec(scope, config, args.env))
-    manager.install(text)
+    spec = build_spec(scope, config, args.env)
+    manager.install(manager.render(spec), spec.secrets)
     print(f"installed {manager.unit_path} (config: {config}) and started it")
+    if spec.secret_keys:
+        where = (
+            "the plist (launchd has no environment files), so it is"
+            if manager.secrets_path == manager.unit_path
+            else "an environment file the unit reads,"
+        )
+        print(f"the --env values are in {where} readable by its owner only: {manager.secrets_path}")
     if isinstance(manager, Systemd) and scope == "user":
         print("to keep it running after you log out: loginctl enable-linger $USER")
     return 0

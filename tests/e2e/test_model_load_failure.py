@@ -3,6 +3,8 @@ with a non-zero exit; among several, the others serve and the failure is reporte
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import httpx
@@ -73,3 +75,20 @@ def test_the_other_models_serve_and_the_failed_one_is_reported(
     assert caught.value.status_code == 503
     assert "failed to load" in caught.value.message
     assert daemon.process.poll() is None
+
+
+def test_startup_warns_when_the_config_with_keys_is_readable_by_others(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    # A model that fails fast keeps this cheap: the warning comes before any loading.
+    models = [{"name": "broken", "source": str(not_a_model(tmp_path))}]
+    previous = os.umask(0o022)  # the config file is written 0644
+    try:
+        daemon = start_daemon({"models": models, "auth": {"api_keys": ["k1"]}}, wait=False)
+    finally:
+        os.umask(previous)
+    assert daemon.process.wait(STARTUP_TIMEOUT_S) == 1
+    lines = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
+    (warning,) = [line for line in lines if line.get("event") == "config file readable by others"]
+    assert warning["level"] == "warning" and str(daemon.config_path) in warning["detail"]
+    assert "k1" not in daemon.log_text()

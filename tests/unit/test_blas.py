@@ -106,4 +106,5 @@ def test_serve_refuses_a_blas_path_that_cannot_load(tmp_path: os.PathLike[str]) 
         timeout=120,
     )
     assert done.returncode == 1
-    assert "engine.blas: cannot load /nonexistent/libblas.so.3" in done.stderr
+    # Refused at config validation, with the file and line (check-config agrees).
+    assert f"{config}:2:3: engine.blas: /nonexistent/libblas.so.3 does not exist" in done.stderr

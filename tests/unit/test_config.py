@@ -146,8 +146,8 @@ def test_duplicate_model_ids_are_an_error(tmp_path: Path) -> None:
         "models:\n  - name: a\n    source: builtin:smollm2-135m-instruct\n"
         "  - name: b\n    source: builtin:smollm2-135m-instruct\n    aliases: [a]\n",
     )
-    ((_, key, message),) = issues_of(path)
-    assert key == "models" and "'a'" in message
+    ((line, key, message),) = issues_of(path)
+    assert (line, key) == (6, "models[1].aliases[0]") and "'a'" in message
 
 
 def test_root_must_be_a_mapping(tmp_path: Path) -> None:

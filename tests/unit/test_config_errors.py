@@ -162,6 +162,7 @@ def gguf_header(architecture: str) -> bytes:
         (b"GGUF" + struct.pack("<I", 7) + bytes(16), "unsupported GGUF version 7"),
         ("truncated", "truncated"),
     ],
+    ids=["not-gguf", "architecture", "version", "truncated"],
 )
 def test_check_config_reads_the_gguf_header(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | str, expected: str
@@ -183,7 +184,8 @@ def test_check_config_accepts_the_real_gguf(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "vllm-mlx.yaml"
-    config.write_text(f"models:\n  - name: m\n    source: {builtin_path('smollm2-135m-instruct')}\n")
+    real = builtin_path("smollm2-135m-instruct")
+    config.write_text(f"models:\n  - name: m\n    source: {real}\n")
     assert check_config(config, capsys)[0] == 0
 
 

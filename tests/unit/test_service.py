@@ -54,6 +54,10 @@ def spec_for(config: Path, scope: service.Scope = "system") -> ServiceSpec:
     return build_spec(scope, config, ["HF_HUB_OFFLINE=1"])
 
 
+def unit_for(spec: ServiceSpec) -> str:
+    return render_unit(spec, Path("/etc/vllm-mlx/service.env"))
+
+
 def test_spec_reads_the_config(config: Path, tmp_path: Path) -> None:
     spec = spec_for(config)
     assert spec.drain_timeout == 42.5
@@ -110,7 +114,7 @@ def unit_lines(text: str) -> dict[str, list[str]]:
 
 def test_system_unit_has_reload_stop_timeout_and_hardening(config: Path, tmp_path: Path) -> None:
     spec = spec_for(config)
-    lines = unit_lines(render_unit(spec))
+    lines = unit_lines(unit_for(spec))
     assert lines["Restart"] == ["on-failure"]
     assert lines["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert int(lines["TimeoutStopSec"][0]) > spec.drain_timeout
@@ -124,7 +128,7 @@ def test_system_unit_has_reload_stop_timeout_and_hardening(config: Path, tmp_pat
 
 
 def test_user_unit_leaves_out_namespace_hardening(config: Path) -> None:
-    lines = unit_lines(render_unit(spec_for(config, "user")))
+    lines = unit_lines(unit_for(spec_for(config, "user")))
     assert "ProtectSystem" not in lines and lines["NoNewPrivileges"] == ["yes"]
     assert lines["WantedBy"] == ["default.target"]
 
@@ -141,7 +145,7 @@ def systemd_analyze() -> str:
 @pytest.mark.parametrize("scope", ["system", "user"])
 def test_systemd_analyze_verify_passes(config: Path, tmp_path: Path, scope: service.Scope) -> None:
     unit = tmp_path / UNIT
-    unit.write_text(render_unit(spec_for(config, scope)))
+    unit.write_text(unit_for(spec_for(config, scope)))
     result = subprocess.run(
         [systemd_analyze(), "verify", "--man=no", str(unit)],
         capture_output=True,
@@ -158,7 +162,7 @@ def test_systemd_analyze_catches_a_broken_unit(config: Path, tmp_path: Path) -> 
     if not sys.platform.startswith("linux"):
         pytest.skip("systemd is Linux-only")
     unit = tmp_path / UNIT
-    unit.write_text(render_unit(spec_for(config)).replace("KillMode=mixed", "KillMode=bogus"))
+    unit.write_text(unit_for(spec_for(config)).replace("KillMode=mixed", "KillMode=bogus"))
     result = subprocess.run(
         [systemd_analyze(), "verify", "--man=no", str(unit)], capture_output=True, text=True
     )
