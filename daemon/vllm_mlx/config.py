@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -138,6 +139,20 @@ class ServerSettings(Section):
         for host in value:
             if not host or any(c.isspace() or c in "/@" for c in host):
                 raise ValueError(f"not a host name or host:port: {host!r}")
+        return value
+
+
+    @field_validator("host")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        # The listener (Granian) binds IP literals only; a name would fail at serve.
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not an IP address; use one, e.g. 127.0.0.1 (this machine "
+                f"only), 0.0.0.0 (every IPv4 interface) or :: (every interface)"
+            ) from None
         return value
 
 

@@ -56,6 +56,10 @@ def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
     )
 
 
+class ListenerFailedError(RuntimeError):
+    """A listener could not bind or stopped with an error."""
+
+
 @dataclass
 class Listener:
     """One Granian server on one address; a reload that moves the address adds one."""
@@ -313,6 +317,9 @@ class Daemon:
         )
         try:
             await self._serve()
+        except ListenerFailedError as exc:
+            log.error("exiting: a listener failed", error=str(exc))
+            self.exit_code = 1
         finally:
             stop_watching.set()
             self._stop_engines()
@@ -327,7 +334,11 @@ class Daemon:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for listener in [item for item in self.listeners if item.task in done]:
                 self.listeners.remove(listener)
-                listener.task.result()  # a listener that failed takes the daemon down
+                error = None if listener.task.cancelled() else listener.task.exception()
+                if error is not None:  # e.g. the port is taken: that takes the daemon down
+                    # One line, not Granian's Python traceback and Rust backtrace.
+                    reason = (str(error).splitlines() or [type(error).__name__])[0]
+                    raise ListenerFailedError(f"cannot listen on {listener.tag}: {reason}")
                 if not (self._stopping or listener.retiring):
                     raise RuntimeError(f"the listener on {listener.tag} stopped unexpectedly")
 
@@ -337,7 +348,8 @@ def run(
     reload_config: Callable[[], Settings] | None = None,
     watch_path: Path | None = None,
 ) -> int:
-    """Serve until stopped; the exit status (1: no model could be loaded).
+    """Serve until stopped; the exit status (1: no model could be loaded, or the
+    address could not be bound).
 
     `reload_config` rebuilds Settings as `serve` did (same file, environment and
     flags); `watch_path` is the file as named, before symlinks."""

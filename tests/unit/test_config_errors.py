@@ -225,3 +225,13 @@ def test_check_config_warns_when_api_keys_are_readable_by_others(
     config.write_text("server:\n  port: 8001\n")  # no keys in it: readable is fine
     config.chmod(0o644)
     assert "warning" not in check_config(config, capsys)[1]
+
+
+def test_a_host_name_is_refused_at_its_line(tmp_path: Path) -> None:
+    # The listener binds IP literals only: `serve` failed with a traceback here.
+    path = tmp_path / "host.yaml"
+    path.write_text("server:\n  host: localhost\n")
+    (issue,) = issues(path)
+    assert (issue.line, issue.key_path) == (2, "server.host") and "IP address" in issue.message
+    path.write_text("server:\n  host: '::1'\n")
+    assert load_settings(path).server.host == "::1"

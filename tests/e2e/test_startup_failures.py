@@ -1,10 +1,12 @@
-"""A model that fails to load, against the real daemon process: one model fails start-up
-with a non-zero exit; among several, the others serve and the failure is reported."""
+"""Start-up failures against the real daemon process: a model that fails to load (alone:
+a non-zero exit; among several: the others serve and the failure is reported), a port
+already taken, and a config file whose API keys others can read."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import httpx
@@ -92,3 +94,15 @@ def test_startup_warns_when_the_config_with_keys_is_readable_by_others(
     (warning,) = [line for line in lines if line.get("event") == "config file readable by others"]
     assert warning["level"] == "warning" and str(daemon.config_path) in warning["detail"]
     assert "k1" not in daemon.log_text()
+
+
+def test_a_port_already_taken_is_one_clear_line_and_exit_1(start_daemon: StartDaemon) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = start_daemon(wait=False, args=["--port", str(port)])
+        assert daemon.process.wait(STARTUP_TIMEOUT_S) == 1
+    log = daemon.log_text()
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in log
+    assert "Traceback" not in log
