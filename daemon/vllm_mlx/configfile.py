@@ -171,7 +171,8 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], _Positions]:
         raise ConfigError([ConfigIssue("", message, origin, line, column)]) from exc
     except yaml.reader.ReaderError as exc:  # a NUL or other control character
         line, column = _line_column(text, exc.position)
-        message = f"character {exc.character!r} is not allowed in YAML (is this a text file?)"
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        message = f"character U+{code:04X} is not allowed in YAML (is this a text file?)"
         raise ConfigError([ConfigIssue("", message, origin, line, column)]) from exc
     except RecursionError as exc:
         message = "YAML nesting is too deep"

@@ -59,7 +59,7 @@ def test_a_nul_byte_is_located(tmp_path: Path) -> None:
     path.write_bytes(b"server:\n  port: 80\x00\n")
     (issue,) = issues(path)
     assert (issue.origin, issue.line, issue.column) == (str(path), 2, 11)
-    assert "not allowed" in issue.message
+    assert "U+0000 is not allowed" in issue.message
 
 
 def test_a_directory_as_the_config_is_called_a_directory(tmp_path: Path) -> None:
