@@ -141,7 +141,6 @@ class ServerSettings(Section):
                 raise ValueError(f"not a host name or host:port: {host!r}")
         return value
 
-
     @field_validator("host")
     @classmethod
     def _ip_address(cls, value: str) -> str:

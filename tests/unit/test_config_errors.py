@@ -8,6 +8,7 @@ import _ctypes
 import os
 import struct
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -146,12 +147,27 @@ def test_served_model_name_default_with_a_model_argument_is_allowed() -> None:
 # --- check-config runs serve's checks ------------------------------------------------------
 
 
-def gguf_header(architecture: str) -> bytes:
-    def text(value: str) -> bytes:
-        return struct.pack("<Q", len(value)) + value.encode()
+def gguf_text(value: str) -> bytes:
+    return struct.pack("<Q", len(value)) + value.encode()
 
-    kv = text("general.architecture") + struct.pack("<I", 8) + text(architecture)
-    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv
+
+def gguf_header(architecture: str, keys: Sequence[str] = (), tensor: str = "") -> bytes:
+    """A GGUF file: the architecture, u32 metadata `keys`, and one tensor named `tensor`."""
+    kv = gguf_text("general.architecture") + struct.pack("<I", 8) + gguf_text(architecture)
+    kv += b"".join(gguf_text(key) + struct.pack("<II", 4, 1) for key in keys)
+    count = 1 if tensor else 0
+    info = gguf_text(tensor) + struct.pack("<IQIQ", 1, 4, 0, 0) if tensor else b""
+    return b"GGUF" + struct.pack("<IQQ", 3, count, 1 + len(keys)) + kv + info + bytes(64)
+
+
+LLAMA_KEYS = [
+    "llama.embedding_length",
+    "llama.attention.head_count",
+    "llama.feed_forward_length",
+    "llama.block_count",
+    "llama.attention.layer_norm_rms_epsilon",
+    "llama.context_length",
+]
 
 
 @pytest.mark.parametrize(
@@ -161,8 +177,11 @@ def gguf_header(architecture: str) -> bytes:
         (gguf_header("gpt2"), "unsupported GGUF architecture 'gpt2'"),
         (b"GGUF" + struct.pack("<I", 7) + bytes(16), "unsupported GGUF version 7"),
         ("truncated", "truncated"),
+        (gguf_header("llama", LLAMA_KEYS[1:]), "lacks llama.embedding_length"),
+        (gguf_header("llama", [*LLAMA_KEYS, "llama.rope.scaling.type"]), "rope scaling"),
+        (gguf_header("llama", LLAMA_KEYS, "blk.0.mystery.weight"), "unexpected GGUF tensor"),
     ],
-    ids=["not-gguf", "architecture", "version", "truncated"],
+    ids=["not-gguf", "architecture", "version", "truncated", "metadata", "rope", "tensor"],
 )
 def test_check_config_reads_the_gguf_header(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | str, expected: str
@@ -235,3 +254,13 @@ def test_a_host_name_is_refused_at_its_line(tmp_path: Path) -> None:
     assert (issue.line, issue.key_path) == (2, "server.host") and "IP address" in issue.message
     path.write_text("server:\n  host: '::1'\n")
     assert load_settings(path).server.host == "::1"
+
+
+def test_a_minimal_llama_header_passes(tmp_path: Path) -> None:
+    # The control for the refusals above: the same file with a known tensor name is fine.
+    from vllm_mlx.models.gguf_header import read_gguf_header
+
+    model = tmp_path / "ok.gguf"
+    model.write_bytes(gguf_header("llama", LLAMA_KEYS, "blk.0.attn_q.weight"))
+    header = read_gguf_header(model)
+    assert (header.architecture, header.tensor_count) == ("llama", 1)

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 import time
@@ -29,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 import structlog
 
+from vllm_mlx.models.gguf_header import BLOCK_NAMES, GLOBAL_NAMES, TENSOR_RE
 from vllm_mlx.models.gguf_tokenizer import TokenizerFacts, write_tokenizer_files
 
 log = structlog.get_logger(__name__)
@@ -44,24 +44,6 @@ _REQUIRED_FILES = (
 _DIGEST_CHARS = 16
 # GGUF's quantized block types (Q4_0, Q4_1, Q8_0) all use 32-weight blocks.
 _GGUF_GROUP_SIZE = 32
-
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases)$")
 
 
 class GGUFImportError(ValueError):
@@ -204,11 +186,11 @@ def _hf_weights(tensors: Mapping[str, mx.array], config: Mapping[str, Any]) -> d
     }
     out: dict[str, mx.array] = {}
     for name, tensor in tensors.items():
-        match = _TENSOR_RE.match(name)
+        match = TENSOR_RE.match(name)
         if match is None:
             raise GGUFImportError(f"unexpected GGUF tensor {name!r}")
         block, base, part = match.groups()
-        table = _GLOBAL_NAMES if block is None else _BLOCK_NAMES
+        table = GLOBAL_NAMES if block is None else BLOCK_NAMES
         if base not in table:
             raise GGUFImportError(f"unexpected GGUF tensor {name!r}")
         prefix = table[base] if block is None else f"model.layers.{block}.{table[base]}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,38 @@ MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 SUPPORTED_ARCHITECTURES = ("llama",)  # what models/gguf.py converts
 DEFAULT_ALIGNMENT = 32
+
+# llama.cpp tensor names -> mlx-lm (Hugging Face) module names; models/gguf.py renames
+# with these, and the header check refuses a tensor they do not cover.
+GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases)$")
+# Metadata the importer cannot do without (models/gguf.py `_model_config`).
+REQUIRED_KEYS = tuple(
+    f"llama.{key}"
+    for key in (
+        "embedding_length",
+        "attention.head_count",
+        "feed_forward_length",
+        "block_count",
+        "attention.layer_norm_rms_epsilon",
+        "context_length",
+    )
+)
 
 # GGUF metadata value types -> struct format of a scalar (8: string, 9: array).
 _SCALARS = {
@@ -138,9 +171,10 @@ def _parse_after_magic(reader: _Reader, size: int) -> GGUFHeader:
             f"unsupported GGUF architecture {architecture or 'none'!r} "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
+    _check_metadata(metadata)
     last_offset = 0
     for _ in range(tensor_count):
-        reader.string()
+        _check_tensor_name(reader.string())
         dims = int(reader.unpack("I"))
         if dims > _MAX_DIMS:
             raise GGUFHeaderError(f"corrupt tensor table ({dims} dimensions)")
@@ -154,3 +188,20 @@ def _parse_after_magic(reader: _Reader, size: int) -> GGUFHeader:
             f"truncated: a tensor starts at byte {data_offset + last_offset}, the file has {size}"
         )
     return GGUFHeader(version, architecture, tensor_count, data_offset)
+
+
+def _check_metadata(metadata: dict[str, object]) -> None:
+    missing = [key for key in REQUIRED_KEYS if key not in metadata]
+    if missing:
+        raise GGUFHeaderError(f"GGUF metadata lacks {', '.join(missing)}")
+    if "llama.rope.scaling.type" in metadata:
+        raise GGUFHeaderError("GGUF rope scaling is not supported yet")
+
+
+def _check_tensor_name(name: str) -> None:
+    if name == "rope_freqs.weight":
+        raise GGUFHeaderError("GGUF rope_freqs (Llama 3.1 rope) is not supported yet")
+    match = TENSOR_RE.match(name)
+    table = GLOBAL_NAMES if match is None or match.group(1) is None else BLOCK_NAMES
+    if match is None or match.group(2) not in table:
+        raise GGUFHeaderError(f"unexpected GGUF tensor {name!r}")
