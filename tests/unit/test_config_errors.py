@@ -264,3 +264,25 @@ def test_a_minimal_llama_header_passes(tmp_path: Path) -> None:
     model.write_bytes(gguf_header("llama", LLAMA_KEYS, "blk.0.attn_q.weight"))
     header = read_gguf_header(model)
     assert (header.architecture, header.tensor_count) == ("llama", 1)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"config.json": "{not json"}, "not readable JSON"),
+        ({"config.json": "{}"}, "no model_type"),
+        ({"config.json": '{"model_type": "llama"}', "pytorch_model.bin": ""}, "no *.safetensors"),
+    ],
+    ids=["bad-json", "no-model-type", "no-safetensors"],
+)
+def test_check_config_checks_a_model_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, str], expected: str
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    for name, text in files.items():
+        (model / name).write_text(text)
+    config = tmp_path / "vllm-mlx.yaml"
+    config.write_text(f"models:\n  - name: m\n    source: {model}\n")
+    code, err = check_config(config, capsys)
+    assert code == 1 and f"{config}:3:5: models[0].source:" in err and expected in err

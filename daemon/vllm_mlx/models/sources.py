@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import importlib.util
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,3 +109,17 @@ def check_source(source: str) -> None:
         read_gguf_header(builtin_path(parsed.value))
     elif parsed.kind is SourceKind.GGUF_FILE:
         read_gguf_header(parsed.path)
+    elif parsed.kind is SourceKind.LOCAL_DIR:
+        _check_model_dir(parsed.path)
+
+
+def _check_model_dir(path: Path) -> None:
+    """What mlx-lm reads first: config.json with a model_type, then *.safetensors."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path / 'config.json'} is not readable JSON: {exc}") from exc
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(f"{path / 'config.json'} has no model_type (not an mlx-lm model)")
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(f"{path} has no *.safetensors weights (mlx-lm loads only those)")
