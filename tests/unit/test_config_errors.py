@@ -7,6 +7,7 @@ from __future__ import annotations
 import _ctypes
 import os
 import struct
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -286,3 +287,29 @@ def test_check_config_checks_a_model_directory(
     config.write_text(f"models:\n  - name: m\n    source: {model}\n")
     code, err = check_config(config, capsys)
     assert code == 1 and f"{config}:3:5: models[0].source:" in err and expected in err
+
+
+def test_serve_and_check_config_refuse_the_same_files_the_same_way(tmp_path: Path) -> None:
+    """Both commands, as processes: same exit status, same problem lines."""
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"hello\n")
+    bad = {
+        "gguf": f"models:\n  - name: m\n    source: {not_gguf}\n",
+        "blas": "engine:\n  blas: /nonexistent/libopenblas.so.0\n",
+        "host": "server:\n  host: localhost\n",
+    }
+    for name, text in bad.items():
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(text)
+        outputs = []
+        for command in (["check-config", str(config)], ["serve", "--config", str(config)]):
+            done = subprocess.run(
+                [sys.executable, "-m", "vllm_mlx.cli", *command],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert done.returncode == 1, (name, command, done.stderr[-2000:])
+            outputs.append(done.stderr)
+        assert outputs[0] == outputs[1] and f"{config}:" in outputs[0], name
