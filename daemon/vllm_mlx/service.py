@@ -59,6 +59,7 @@ class ServiceSpec:
     # The --env keys: their values may be secrets (API keys, hub tokens), so systemd
     # units read them from a 0600 file instead of holding them (see env_file_text).
     secret_keys: frozenset[str] = frozenset()
+    warnings: tuple[str, ...] = ()  # about the config file (e.g. keys readable by others)
 
     @property
     def secrets(self) -> dict[str, str]:
@@ -330,7 +331,7 @@ def caches(home: Path, configured: Path | None, environment: dict[str, str]) -> 
 def build_spec(scope: Scope, config: Path, extra_env: Sequence[str] = ()) -> ServiceSpec:
     """The spec for this install, checking the config exactly as `serve` will."""
     try:
-        settings = load_config(config).settings
+        loaded = load_config(config)
     except ConfigError as exc:
         raise ServiceError(f"invalid configuration:\n{exc}") from exc
     home = service_home(scope)
@@ -354,9 +355,10 @@ def build_spec(scope: Scope, config: Path, extra_env: Sequence[str] = ()) -> Ser
         scope=scope,
         program=program,
         config=config,
-        drain_timeout=settings.server.drain_timeout,
-        writable=caches(home, settings.paths.cache_dir, environment),
+        drain_timeout=loaded.settings.server.drain_timeout,
+        writable=caches(home, loaded.settings.paths.cache_dir, environment),
         home=home,
         environment=environment,
         secret_keys=frozenset(secret_keys),
+        warnings=loaded.warnings,
     )

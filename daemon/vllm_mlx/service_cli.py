@@ -109,6 +109,8 @@ def _install(args: argparse.Namespace, scope: Scope, manager: ServiceManager) ->
     if created:
         print(f"created {config} from the reference config")
     spec = build_spec(scope, config, args.env)
+    for warning in spec.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     manager.install(manager.render(spec), spec.secrets)
     print(f"installed {manager.unit_path} (config: {config}) and started it")
     if spec.secret_keys:

@@ -106,3 +106,13 @@ def test_env_file_quoting_keeps_values_literal() -> None:
 def test_env_items_that_could_inject_unit_lines_are_refused(config: Path, item: str) -> None:
     with pytest.raises(service.ServiceError, match="--env"):
         build_spec("user", config, [item])
+
+
+def test_install_warns_when_the_config_holds_keys_others_can_read(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config.write_text("auth:\n  api_keys: [k1]\n")
+    config.chmod(0o640)
+    assert install(Systemd("user", tmp_path / "xdg", ok), config) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "its group" in err and f"chmod 600 {config}" in err
