@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,28 +36,31 @@ from vllm_mlx.logging import configure_logging
 from vllm_mlx.parsers.reasoning import reasoning_parser_names
 from vllm_mlx.parsers.tool_calls import tool_call_parser_names
 
+# serve's flags that set one key: (key path, argparse dest); the flag is --dest.
+FLAG_KEYS = (
+    ("server.host", "host"),
+    ("server.port", "port"),
+    ("server.timeout", "timeout"),
+    ("defaults.max_tokens", "max_tokens"),
+    ("defaults.temperature", "default_temperature"),
+    ("defaults.top_p", "default_top_p"),
+    ("limits.max_request_tokens", "max_request_tokens"),
+    ("engine.stream_interval", "stream_interval"),
+    ("engine.continuous_batching", "continuous_batching"),
+    ("auth.api_keys", "api_key"),
+    ("auth.rate_limit", "rate_limit"),
+    ("metrics.enabled", "enable_metrics"),
+)
+
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """CLI flags as a nested settings mapping (only the flags actually given)."""
-    out: dict[str, dict[str, Any]] = {}
-
-    def put(section: str, key: str, value: Any) -> None:
+    result: dict[str, Any] = {}
+    for key_path, dest in FLAG_KEYS:
+        value = getattr(args, dest)
         if value is not None:
-            out.setdefault(section, {})[key] = value
-
-    put("server", "host", args.host)
-    put("server", "port", args.port)
-    put("server", "timeout", args.timeout)
-    put("defaults", "max_tokens", args.max_tokens)
-    put("defaults", "temperature", args.default_temperature)
-    put("defaults", "top_p", args.default_top_p)
-    put("limits", "max_request_tokens", args.max_request_tokens)
-    put("engine", "stream_interval", args.stream_interval)
-    put("engine", "continuous_batching", args.continuous_batching)
-    put("auth", "api_keys", args.api_key)
-    put("auth", "rate_limit", args.rate_limit)
-    put("metrics", "enabled", args.enable_metrics)
-    result: dict[str, Any] = dict(out)
+            section, key = key_path.split(".")
+            result.setdefault(section, {})[key] = value
     if args.model:
         name = args.served_model_name or Path(args.model.rstrip("/")).name.removesuffix(".gguf")
         if args.model.startswith("builtin:"):
@@ -205,6 +209,29 @@ def _fail(exc: ConfigError) -> NoReturn:
     raise SystemExit(1) from exc
 
 
+def _flag_for(issue: ConfigIssue) -> str:
+    """The flag behind a "command line" issue: `--port`, `--tool-call-parser`, MODEL."""
+    for key, dest in FLAG_KEYS:
+        if issue.key_path.startswith(key):
+            return "--" + dest.replace("_", "-")
+    for field, flag in MODEL_FLAGS.items():
+        if issue.key_path.startswith(f"models[0].{field}"):
+            return flag
+    if issue.key_path == "models[0]" and "enable_auto_tool_choice" in issue.message:
+        return MODEL_FLAGS["enable_auto_tool_choice"]
+    return "MODEL"
+
+
+def _name_flags(exc: ConfigError) -> ConfigError:
+    issues = [
+        replace(issue, origin=f"command line ({_flag_for(issue)})")
+        if issue.origin == "command line"
+        else issue
+        for issue in exc.issues
+    ]
+    return ConfigError(issues)
+
+
 def _load(path: str | None, overrides: dict[str, Any] | None = None) -> LoadedConfig:
     try:
         return load_config(path, overrides)
@@ -236,10 +263,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides = _serve_overrides(args)
     try:
         loaded = _apply_served_name(
-            _load(args.config, overrides), args.served_model_name, bool(args.model), args
+            load_config(args.config, overrides), args.served_model_name, bool(args.model), args
         )
     except ConfigError as exc:
-        _fail(exc)
+        _fail(_name_flags(exc))
     source = _config_source(args.config, loaded)
     _choose_blas(loaded.settings.engine.blas)
 
@@ -286,10 +313,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from vllm_mlx.models.loader import describe_models
+    from vllm_mlx.models.loader import ModelUnavailableError, describe_models
 
     loaded = _load(args.config)
-    rows = describe_models(loaded.settings, resolve=args.resolve)
+    try:
+        rows = describe_models(loaded.settings, resolve=args.resolve)
+    except (ModelUnavailableError, ValueError, OSError) as exc:  # not cached, bad import
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

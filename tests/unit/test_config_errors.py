@@ -121,7 +121,15 @@ def test_auto_tool_choice_without_a_parser_names_the_flag(
     err = serve(["--enable-auto-tool-choice"], capsys)
     assert "command line (--enable-auto-tool-choice)" in err and "tool_call_parser" in err
     err = serve([BUILTIN, "--enable-auto-tool-choice"], capsys)
-    assert "command line" in err and "tool_call_parser" in err
+    assert "command line (--enable-auto-tool-choice)" in err and "tool_call_parser" in err
+
+
+def test_flag_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "command line (--port): server.port:" in serve(["--port", "99999"], capsys)
+    err = serve(["--api-key", "has space"], capsys)
+    assert "command line (--api-key): auth.api_keys" in err
+    err = serve(["/nonexistent/model.gguf"], capsys)
+    assert "command line (MODEL): models[0].source:" in err
 
 
 def test_served_model_name_cannot_duplicate_an_id(
@@ -313,3 +321,15 @@ def test_serve_and_check_config_refuse_the_same_files_the_same_way(tmp_path: Pat
             assert done.returncode == 1, (name, command, done.stderr[-2000:])
             outputs.append(done.stderr)
         assert outputs[0] == outputs[1] and f"{config}:" in outputs[0], name
+
+
+def test_models_resolve_offline_is_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
+    config = tmp_path / "vllm-mlx.yaml"
+    config.write_text("models:\n  - name: m\n    source: example-org/not-cached\n")
+    assert main(["models", "--config", str(config), "--resolve"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: example-org/not-cached is not in the Hugging Face cache")
