@@ -91,7 +91,9 @@ class Section(BaseModel):
 
 
 class ServerSettings(Section):
-    host: str = setting("127.0.0.1", Reload.RESTART, "Address to listen on.")
+    host: str = setting(
+        "127.0.0.1", Reload.RESTART, "IP address to listen on (`0.0.0.0` or `::`: every one)."
+    )
     port: int = setting(8000, Reload.RESTART, "TCP port to listen on.", ge=1, le=65535)
     timeout: float = setting(
         600.0,
