@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Any, TextIO
@@ -33,11 +34,17 @@ class _CurrentStream:
 
     def write(self, text: str) -> int:
         stream: TextIO = getattr(sys, self._name)
-        return stream.write(text)
+        try:
+            return stream.write(text)
+        except (OSError, ValueError):
+            # Nobody reads the stream any more (a closed pipe, a closed file): the line is
+            # lost, but a log call must never fail its caller (a signal handler's drain).
+            return 0
 
     def flush(self) -> None:
         stream: TextIO = getattr(sys, self._name)
-        stream.flush()
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
 
 
 def configure_logging(settings: LoggingSettings, to_stderr: bool = False) -> None:
