@@ -102,6 +102,7 @@ def load_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
         directory=str(model_dir),
         seconds=round(elapsed, 2),
         dtype=decision.chosen,
+        path=decision.path,
         dtype_reason=decision.reason,
         blas=blas_name,
     )

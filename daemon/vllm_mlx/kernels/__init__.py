@@ -1,0 +1,1 @@
+"""C++ sources of the optional MLX CPU extension (quantized matmul); see models/qmm.py."""

@@ -1,0 +1,108 @@
+#include "qmm.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "qmm_kernel.h"
+
+namespace vllm_mlx_kernels {
+
+namespace {
+
+void check(const mx::array& x, const mx::array& w, const mx::array& scales,
+           const mx::array& biases, int group_size, int bits) {
+  std::ostringstream msg;
+  if (!supported(bits, group_size)) {
+    msg << "bits " << bits << " with group size " << group_size << " has no kernel";
+  } else if (w.dtype() != mx::uint32 || w.ndim() != 2) {
+    msg << "w must be a 2-D uint32 array of packed weights";
+  } else if (x.ndim() < 1 || x.shape(-1) != w.shape(1) * 32 / bits) {
+    msg << "x's last dimension must be " << w.shape(1) * 32 / bits;
+  } else if (scales.ndim() != 2 || scales.shape(0) != w.shape(0) ||
+             scales.shape(1) * group_size != x.shape(-1) || biases.shape() != scales.shape() ||
+             biases.dtype() != scales.dtype()) {
+    msg << "scales and biases must both be [" << w.shape(0) << ", "
+        << x.shape(-1) / group_size << "] of one dtype";
+  } else if (scales.dtype() != mx::float32 && scales.dtype() != mx::float16 &&
+             scales.dtype() != mx::bfloat16) {
+    msg << "scales must be float32, float16 or bfloat16";
+  } else if (!mx::issubdtype(x.dtype(), mx::floating)) {
+    msg << "x must be floating point";
+  } else {
+    return;
+  }
+  throw std::invalid_argument("vllm_mlx quantized_matmul: " + msg.str());
+}
+
+ScaleType scale_type(mx::Dtype t) {
+  if (t == mx::float16) {
+    return ScaleType::f16;
+  }
+  return t == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
+}
+
+} // namespace
+
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    int max_rows,
+    mx::StreamOrDevice s) {
+  check(x, w, scales, biases, group_size, bits);
+  auto out_dtype = mx::promote_types(x.dtype(), scales.dtype());
+  int K = x.shape(-1);
+  int N = w.shape(0);
+  int M = static_cast<int>(x.size() / K);
+  auto stream = mx::to_stream(s);
+  if (M > max_rows || stream.device != mx::Device::cpu) {
+    // Prefill: unpacking weights once per call and handing the product to BLAS beats
+    // re-unpacking them for every few rows.
+    auto wf = mx::dequantize(w, scales, biases, group_size, bits, "affine",
+                             std::nullopt, out_dtype, s);
+    return mx::matmul(mx::astype(x, out_dtype, s), mx::transpose(wf, s), s);
+  }
+  auto shape = x.shape();
+  shape.back() = N;
+  auto x2 = mx::contiguous(mx::reshape(mx::astype(x, mx::float32, s), {M, K}, s), false, s);
+  auto inputs = std::vector<mx::array>{
+      x2, mx::contiguous(w, false, s), mx::contiguous(scales, false, s),
+      mx::contiguous(biases, false, s)};
+  auto y = mx::array(
+      {M, N}, mx::float32,
+      std::make_shared<FastQuantizedMatmul>(stream, group_size, bits), inputs);
+  return mx::astype(mx::reshape(y, shape, s), out_dtype, s);
+}
+
+void FastQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& x = inputs[0];
+  auto& w = inputs[1];
+  auto& scales = inputs[2];
+  auto& biases = inputs[3];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  encoder.set_output_array(out);
+  QmmProblem p{
+      x.data<float>(), w.data<uint32_t>(), scales.data<void>(), biases.data<void>(),
+      out.data<float>(), x.shape(0), w.shape(0), x.shape(1), group_size_, bits_,
+      scale_type(scales.dtype())};
+  encoder.dispatch([p]() { qmm(p); });
+}
+
+void FastQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("VllmMlxQuantizedMatmul runs on the CPU only");
+}
+
+bool FastQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const FastQuantizedMatmul&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_;
+}
+
+} // namespace vllm_mlx_kernels

@@ -1,0 +1,41 @@
+// The MLX side: an op that builds a graph node for the CPU kernel in qmm_kernel.h.
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace vllm_mlx_kernels {
+
+namespace mx = mlx::core;
+
+// quantized_matmul(x, w, scales, biases, transpose=True, group_size, bits), affine mode.
+// Inputs with more than `max_rows` rows go to dequantize + matmul (BLAS) instead.
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    int max_rows,
+    mx::StreamOrDevice s = {});
+
+class FastQuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  FastQuantizedMatmul(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "VllmMlxQuantizedMatmul";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
+} // namespace vllm_mlx_kernels

@@ -1,0 +1,39 @@
+// Affine-quantized matmul on the CPU: y[m, n] = sum_k x[m, k] * (s[n, g] * q[n, k] + b[n, g]),
+// g = k / group_size, with the packed layout mx.quantize writes (uint32 words, low bits
+// first, rows of w along the output dimension, i.e. quantized_matmul(transpose=True)).
+#pragma once
+
+#include <cstdint>
+
+namespace vllm_mlx_kernels {
+
+enum class ScaleType { f32, f16, bf16 };
+
+struct QmmProblem {
+  const float* x; // [M, K] row-major
+  const uint32_t* w; // [N, K * bits / 32]
+  const void* scales; // [N, K / group_size] of scale_type
+  const void* biases; // same shape and type as scales
+  float* y; // [M, N] row-major
+  int M;
+  int N;
+  int K;
+  int group_size; // 32, 64 or 128
+  int bits; // 4 or 8
+  ScaleType scale_type;
+};
+
+// Whether (bits, group_size) has a kernel.
+bool supported(int bits, int group_size);
+
+// Computes y; splits the output rows over the pool's threads when worth it.
+void qmm(const QmmProblem& p);
+
+// Threads used per call (>= 1); the pool is resized on the next call.
+void set_threads(int n);
+int threads();
+
+// "avx2" or "scalar": the instruction set the running machine gets.
+const char* isa();
+
+} // namespace vllm_mlx_kernels
