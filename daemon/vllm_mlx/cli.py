@@ -316,6 +316,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     from vllm_mlx.models.loader import ModelUnavailableError, describe_models
 
     loaded = _load(args.config)
+    # The BLAS decides whether float32 is worth it, as in `serve` (`path` below).
+    _choose_blas(loaded.settings.engine.blas)
     try:
         rows = describe_models(loaded.settings, resolve=args.resolve)
     except (ModelUnavailableError, ValueError, OSError) as exc:  # not cached, bad import
@@ -328,6 +330,8 @@ def cmd_models(args: argparse.Namespace) -> int:
             aliases = f" (aliases: {', '.join(row['aliases'])})" if row["aliases"] else ""
             directory = row["directory"] or "(not downloaded yet)"
             print(f"{row['name']}{aliases}\n  source: {row['source']}\n  directory: {directory}")
+            if row["path"]:
+                print(f"  path: {row['path']} ({row['path_reason']})")
     return 0
 
 

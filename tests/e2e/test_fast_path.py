@@ -1,4 +1,5 @@
-"""The default daemon on Linux takes the fast CPU path: OpenBLAS and float32 weights."""
+"""The default daemon on Linux takes the fast CPU path: the quantized kernel install.sh
+builds (float32 weights on OpenBLAS when it is missing: see tests/unit/test_qmm_kernel.py)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,11 @@ def model_loaded_line(log: str) -> dict[str, object]:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the Linux CPU backend")
 @pytest.mark.skipif(not openblas_installed(), reason="OpenBLAS is not installed")
-def test_default_config_serves_float32_on_openblas(start_daemon: StartDaemon) -> None:
+def test_default_config_serves_the_quantized_kernel(start_daemon: StartDaemon) -> None:
     daemon = start_daemon()
     record = model_loaded_line(daemon.log_text())
     assert record["blas"] == "openblas"
-    assert record["dtype"] == "float32"
+    assert record["dtype"] == "quantized" and record["path"] == "quantized+kernel", record
     reply = httpx.post(
         f"{daemon.base_url}/v1/chat/completions",
         json={

@@ -16,3 +16,7 @@ def test_models_json_is_machine_readable(tmp_path: Path, model_cache_dir: Path) 
     (row,) = json.loads(done.stdout)
     assert row["name"] == "smollm2-135m-instruct" and row["aliases"] == ["default"]
     assert (Path(row["directory"]) / "config.json").is_file()
+    # The path it will compute on, without loading it: the kernel when it is built.
+    assert row["path"] in ("quantized+kernel", "float32", "quantized") and row["path_reason"]
+    if sys.platform == "linux":
+        assert row["path"] == "quantized+kernel", row["path_reason"]

@@ -8,6 +8,7 @@ import pytest
 
 from vllm_mlx.models import dtype
 from vllm_mlx.models.dtype import WeightInfo, decide
+from vllm_mlx.models.qmm import KernelStatus
 
 GIB = 2**30
 SMALL = WeightInfo(quantized=True, float32_bytes=GIB // 2)
@@ -48,6 +49,54 @@ def test_quantized_on_float_weights_keeps_them_and_says_so() -> None:
     assert decision.chosen == "quantized" and "not quantized" in decision.reason
 
 
+KERNEL = KernelStatus(True, "avx2, 2 threads")
+NO_KERNEL = KernelStatus(False, "not built (no compiler)")
+READY = WeightInfo(quantized=True, float32_bytes=GIB // 2, kernel_ready=True)
+
+
+def test_auto_on_cpu_with_the_kernel_keeps_the_quantized_weights() -> None:
+    decision = decide(
+        "auto", READY, device="cpu", blas_optimized=True, available_bytes=8 * GIB, kernel=KERNEL
+    )
+    assert decision.chosen == "quantized" and decision.kernel
+    assert decision.path == "quantized+kernel"
+
+
+def test_auto_without_the_kernel_says_why_and_takes_float32() -> None:
+    decision = decide(
+        "auto", READY, device="cpu", blas_optimized=True, available_bytes=8 * GIB, kernel=NO_KERNEL
+    )
+    assert decision.chosen == "float32" and not decision.kernel
+    assert "not built (no compiler)" in decision.reason
+
+
+def test_auto_with_layers_the_kernel_cannot_serve_takes_float32() -> None:
+    decision = decide(
+        "auto", SMALL, device="cpu", blas_optimized=True, available_bytes=8 * GIB, kernel=KERNEL
+    )
+    assert decision.chosen == "float32" and "bits or group size" in decision.reason
+
+
+def test_quantized_fallbacks_still_use_the_kernel_for_the_layers_it_fits() -> None:
+    for requested, blas_optimized in (("quantized", True), ("auto", False)):
+        decision = decide(
+            requested,  # type: ignore[arg-type]
+            SMALL,
+            device="cpu",
+            blas_optimized=blas_optimized,
+            available_bytes=8 * GIB,
+            kernel=KERNEL,
+        )
+        assert decision.chosen == "quantized" and decision.kernel
+
+
+def test_the_gpu_never_uses_the_cpu_kernel() -> None:
+    decision = decide(
+        "auto", READY, device="gpu", blas_optimized=True, available_bytes=8 * GIB, kernel=KERNEL
+    )
+    assert decision.chosen == "quantized" and not decision.kernel
+
+
 class Tiny(nn.Module):
     """An embedding, a linear with bias and a norm: the parameter kinds models have."""
 
@@ -73,7 +122,9 @@ def test_weight_info_counts_every_weight_at_four_bytes() -> None:
     model, _ = quantized_tiny()
     info = dtype.weight_info(model)
     # embedding 32x64 + linear 128x64 + bias 128 + norm 128, each as float32.
-    assert info == WeightInfo(quantized=True, float32_bytes=(32 * 64 + 128 * 64 + 128 + 128) * 4)
+    assert info == WeightInfo(
+        quantized=True, float32_bytes=(32 * 64 + 128 * 64 + 128 + 128) * 4, kernel_ready=True
+    )
 
 
 def test_float32_conversion_dequantizes_and_keeps_the_outputs() -> None:

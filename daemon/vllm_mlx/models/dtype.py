@@ -113,7 +113,9 @@ def decide(
         return DtypeDecision(requested, "quantized", "GPU: keep the stored format")
     if use_kernel and info.kernel_ready:
         return DtypeDecision(
-            requested, "quantized", "CPU with the quantized kernel: reads the stored weights",
+            requested,
+            "quantized",
+            "CPU with the quantized kernel: reads the stored weights",
             kernel=True,
         )
     decision = _without_kernel(requested, info, blas_optimized, available_bytes)

@@ -149,9 +149,22 @@ def describe_models(settings: Settings, resolve: bool = False) -> list[dict[str,
                 "source": model.source,
                 "kind": kind.value,
                 "directory": str(directory) if directory else None,
+                **_planned_path(model, directory),
             }
         )
     return rows
+
+
+def _planned_path(model: ModelSettings, directory: Path | None) -> dict[str, str | None]:
+    """`path`: what the model will compute on (`quantized+kernel`, `float32`, ...)."""
+    if directory is None or not (directory / "config.json").is_file():
+        return {"path": None, "path_reason": "not downloaded yet"}
+    from vllm_mlx import blas
+    from vllm_mlx.models.plan import planned
+
+    choice = blas.active()
+    decision = planned(model, directory, blas_optimized=choice is not None and choice.optimized)
+    return {"path": decision.path, "path_reason": decision.reason}
 
 
 def _cached_hub_dir(model: ModelSettings) -> Path | None:

@@ -14,13 +14,14 @@ swapped: MLX's Metal/CUDA kernels are already fast.
 from __future__ import annotations
 
 import functools
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -56,10 +57,7 @@ def _status() -> KernelStatus:
 
 
 def _import() -> ModuleType:
-    from vllm_mlx.kernels import _qmm  # type: ignore[attr-defined]
-
-    module: ModuleType = _qmm
-    return module
+    return importlib.import_module("vllm_mlx.kernels._qmm")
 
 
 def _why_missing(exc: ImportError) -> str:
@@ -80,9 +78,10 @@ def _self_check(ext: ModuleType) -> str | None:
             want = mx.quantized_matmul(x, wq, scales, biases, True, 32, bits)
             got = ext.quantized_matmul(x, wq, scales, biases, 32, bits)
             err = (mx.linalg.norm(got - want) / mx.linalg.norm(want)).item()
+            assert isinstance(err, float)
             if not err <= 1e-4:
                 return f"relative error {err:.2e} at {bits} bits"
-    except Exception as exc:  # noqa: BLE001 - any failure means: do not use it
+    except Exception as exc:  # any failure means: do not use it
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -90,7 +89,7 @@ def _self_check(ext: ModuleType) -> str | None:
 def eligible(module: Any) -> bool:
     """A layer the kernel can serve: affine 4/8-bit, a supported group size, biases."""
     return (
-        isinstance(module, nn.QuantizedLinear | nn.QuantizedEmbedding)
+        isinstance(module, QuantizedLinear | QuantizedEmbedding)
         and getattr(module, "mode", "affine") == "affine"
         and module.bits in BITS
         and module.group_size in GROUP_SIZES
@@ -112,7 +111,7 @@ def _matmul(module: Any, x: mx.array) -> mx.array:
     )
 
 
-class KernelQuantizedLinear(nn.QuantizedLinear):
+class KernelQuantizedLinear(QuantizedLinear):
     """QuantizedLinear whose product runs in the extension."""
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -122,14 +121,14 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         return y
 
 
-class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+class KernelQuantizedEmbedding(QuantizedEmbedding):
     """QuantizedEmbedding whose tied output projection runs in the extension."""
 
     # The lookup's dtype before scales were compacted (see `_compact`).
     lookup_dtype: mx.Dtype | None = None
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = super().__call__(x)
+        y: mx.array = super().__call__(x)  # type: ignore[no-untyped-call]
         return y if self.lookup_dtype is None else y.astype(self.lookup_dtype)
 
     def as_linear(self, x: mx.array) -> mx.array:
@@ -160,7 +159,7 @@ def swap_layers(model: Any) -> int:
     for _, module in model.named_modules():
         if not eligible(module):
             continue
-        if isinstance(module, nn.QuantizedLinear):
+        if isinstance(module, QuantizedLinear):
             module.__class__ = KernelQuantizedLinear
         else:
             module.__class__ = KernelQuantizedEmbedding

@@ -1,0 +1,167 @@
+"""The quantized CPU kernel against mx.quantized_matmul, and the layer swap around it."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from vllm_mlx.models import dtype, qmm
+
+BUILT = qmm.status().available
+needs_kernel = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")
+
+
+def rel_error(got: mx.array, want: mx.array) -> float:
+    return float((mx.linalg.norm(got - want) / mx.linalg.norm(want)).item())
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    yield
+    if BUILT:
+        qmm.set_threads(2)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="install.sh builds it on Linux")
+def test_the_kernel_is_built_and_passes_its_self_check() -> None:
+    """CI runs install.sh from a clean checkout: the kernel must come out of it."""
+    assert qmm.status().available, qmm.status().detail
+    if platform.machine() == "x86_64":
+        assert qmm.status().detail.startswith("avx2")
+
+
+@needs_kernel
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matches_mlx_on_random_shapes(
+    bits: int, group_size: int, n_threads: int, threads: None
+) -> None:
+    qmm.set_threads(n_threads)
+    ext = qmm._import()
+    key = mx.random.key(bits * 1000 + group_size)
+    # Odd row counts (1..32 are decode shapes), odd output sizes (tile remainders),
+    # and an output big enough to be split over threads.
+    for rows, n_out, k_groups in [(1, 67, 3), (3, 131, 5), (7, 517, 4), (17, 64, 2), (32, 9, 6)]:
+        k = k_groups * group_size
+        k1, k2, key = mx.random.split(key, 3)
+        w = mx.random.normal((n_out, k), key=k1)
+        x = mx.random.normal((rows, k), key=k2)
+        wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+        want = mx.quantized_matmul(x, wq, scales, biases, True, group_size, bits)
+        got = ext.quantized_matmul(x, wq, scales, biases, group_size, bits)
+        assert got.shape == want.shape and got.dtype == mx.float32
+        assert rel_error(got, want) <= 1e-4, (rows, n_out, k)
+
+
+@needs_kernel
+@pytest.mark.parametrize("scale_dtype", [mx.float16, mx.bfloat16])
+def test_half_precision_scales(scale_dtype: mx.Dtype) -> None:
+    ext = qmm._import()
+    w = mx.random.normal((96, 256), key=mx.random.key(1))
+    x = mx.random.normal((5, 256), key=mx.random.key(2))
+    wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
+    scales, biases = scales.astype(scale_dtype), biases.astype(scale_dtype)
+    want = mx.quantized_matmul(x, wq, scales, biases, True, 64, 4)
+    got = ext.quantized_matmul(x, wq, scales, biases, 64, 4)
+    assert got.dtype == want.dtype and rel_error(got, want) <= 1e-4
+
+
+@needs_kernel
+def test_batched_inputs_and_the_prefill_path() -> None:
+    """Leading dimensions are kept; more rows than max_rows go to dequantize + BLAS."""
+    ext = qmm._import()
+    w = mx.random.normal((80, 128), key=mx.random.key(3))
+    wq, scales, biases = mx.quantize(w, group_size=32, bits=4)
+    for shape in [(2, 3, 128), (1, 45, 128)]:
+        x = mx.random.normal(shape, key=mx.random.key(4))
+        want = mx.quantized_matmul(x, wq, scales, biases, True, 32, 4)
+        got = ext.quantized_matmul(x, wq, scales, biases, 32, 4, 32)
+        assert got.shape == want.shape and rel_error(got, want) <= 1e-4
+
+
+@needs_kernel
+def test_bad_arguments_raise_clear_errors() -> None:
+    ext = qmm._import()
+    wq, scales, biases = mx.quantize(mx.zeros((8, 64)), group_size=32, bits=4)
+    with pytest.raises(ValueError, match="no kernel"):
+        ext.quantized_matmul(mx.zeros((1, 64)), wq, scales, biases, 32, 3)
+    with pytest.raises(ValueError, match="last dimension must be 64"):
+        ext.quantized_matmul(mx.zeros((1, 65)), wq, scales, biases, 32, 4)
+    with pytest.raises(ValueError, match="scales and biases"):
+        ext.quantized_matmul(mx.zeros((1, 64)), wq, scales[:, :1], biases, 32, 4)
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 128)
+        self.proj = nn.Linear(128, 96, bias=True)
+        self.odd = nn.Linear(128, 64, bias=False)
+
+    def __call__(self, tokens: mx.array) -> mx.array:
+        h = self.embed(tokens)
+        return mx.concatenate([self.proj(h), self.odd(h), self.embed.as_linear(h)], axis=-1)
+
+
+def tiny(odd_bits: int = 4) -> Tiny:
+    mx.random.seed(0)
+    model = Tiny()
+    nn.quantize(model, group_size=32, bits=4, class_predicate=lambda p, m: p != "odd")
+    nn.quantize(model, group_size=32, bits=odd_bits, class_predicate=lambda p, m: p == "odd")
+    return model
+
+
+@needs_kernel
+def test_swap_routes_layers_through_the_kernel_with_the_same_outputs() -> None:
+    model = tiny()
+    tokens = mx.array([[1, 5, 7, 30]])
+    before = model(tokens)
+    assert qmm.swap_layers(model) == 3 and qmm.uses_kernel(model)
+    assert type(model.proj) is qmm.KernelQuantizedLinear
+    assert type(model.embed) is qmm.KernelQuantizedEmbedding
+    after = model(tokens)
+    assert after.dtype == before.dtype and rel_error(after, before) <= 1e-4
+
+
+@needs_kernel
+def test_float16_exact_scales_are_compacted_and_others_kept() -> None:
+    model = tiny()
+    model.proj.scales = model.proj.scales.astype(mx.float16).astype(mx.float32)
+    model.proj.biases = model.proj.biases.astype(mx.float16).astype(mx.float32)
+    model.embed.scales = model.embed.scales + 1e-7  # not exact in float16
+    qmm.swap_layers(model)
+    assert model.proj.scales.dtype == mx.float16 and model.embed.scales.dtype == mx.float32
+
+
+@needs_kernel
+def test_layers_the_kernel_cannot_serve_are_left_to_mlx() -> None:
+    model = tiny(odd_bits=2)
+    assert not dtype.weight_info(model).kernel_ready
+    assert qmm.swap_layers(model) == 2 and type(model.odd) is nn.QuantizedLinear
+
+
+def test_a_missing_extension_is_reported_and_auto_keeps_the_float32_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "vllm_mlx.kernels._qmm", None)  # import fails
+    monkeypatch.setattr(qmm, "FAILURE_NOTE", tmp_path / "BUILD_FAILED")
+    qmm._status.cache_clear()
+    try:
+        missing = qmm.status()
+        assert not missing.available and "not built" in missing.detail
+        (tmp_path / "BUILD_FAILED").write_text("full log: x\nerror: no C++ compiler\n")
+        qmm._status.cache_clear()
+        assert "no C++ compiler" in qmm.status().detail
+        model = tiny()
+        converted, decision = dtype.apply_dtype(model, "auto", blas_optimized=True)
+        assert decision.chosen == "float32" and not decision.kernel
+        assert "no C++ compiler" in decision.reason and not qmm.uses_kernel(converted)
+    finally:
+        qmm._status.cache_clear()
