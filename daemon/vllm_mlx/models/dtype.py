@@ -173,7 +173,7 @@ def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[
     )
     model = convert(model, decision.chosen)
     if decision.kernel:
-        qmm.swap_layers(model)
+        qmm.swap_layers(model, blas_optimized=blas_optimized)
     return model, decision
 
 

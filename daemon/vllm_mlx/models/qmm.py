@@ -25,8 +25,11 @@ from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
-# Inputs with more rows than this (prefill) go to dequantize + BLAS inside the extension.
+# Prefill: inputs with more rows than this go to dequantize + BLAS inside the extension,
+# when the BLAS is an optimized one; with the reference BLAS the kernel takes every size.
 MAX_ROWS = 32
+NO_LIMIT = 2**31 - 1
+_max_rows = MAX_ROWS
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 FAILURE_NOTE = KERNEL_DIR / "BUILD_FAILED"  # install.sh writes the build's error here
 
@@ -107,7 +110,7 @@ def _matmul(module: Any, x: mx.array) -> mx.array:
         module["biases"],
         module.group_size,
         module.bits,
-        MAX_ROWS,
+        _max_rows,
     )
 
 
@@ -153,8 +156,10 @@ def _compact(module: Any) -> None:
         module.lookup_dtype = mx.float32
 
 
-def swap_layers(model: Any) -> int:
+def swap_layers(model: Any, *, blas_optimized: bool = True) -> int:
     """Route every eligible layer through the kernel; returns how many were swapped."""
+    global _max_rows
+    _max_rows = MAX_ROWS if blas_optimized else NO_LIMIT
     swapped = 0
     for _, module in model.named_modules():
         if not eligible(module):
