@@ -90,13 +90,19 @@ def float32_directory(model_dir: Path, cache: Path) -> Path:
 
 
 def vllm_mlx_spec(
-    work: Path, model_dir: Path, label: str, engine: dict[str, Any] | None = None
+    work: Path,
+    model_dir: Path,
+    label: str,
+    engine: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
 ) -> PeerSpec:
-    """This repo's daemon on model_dir with the default engine settings (plus `engine`)."""
+    """This repo's daemon on model_dir with the default settings (plus `engine`, `model`)."""
     port = free_port()
     config = {
         "server": {"host": "127.0.0.1", "port": port},
-        "models": [{"name": "bench", "source": str(model_dir), "aliases": ["default"]}],
+        "models": [
+            {"name": "bench", "source": str(model_dir), "aliases": ["default"], **(model or {})}
+        ],
         "engine": engine or {},
         "logging": {"level": "warning", "format": "json"},
     }

@@ -1,0 +1,178 @@
+"""The quantized CPU kernel against today's float32 path, side by side in one run.
+
+    python bench/qmm.py            # ~10 minutes on 2 busy cores
+    python bench/qmm.py --profile  # also py-spy and perf profiles of the decode step
+
+Two daemons on the bundled model, same BLAS: `dtype: auto` (the kernel when built) and
+`dtype: float32` (today's path). Scenarios alternate between them so that load drift
+favours neither. Then the resident memory the weights add to a fresh process, and
+optionally where a decode step spends its time. Prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+from bench.loadgen import Scenario, run_scenario, warm_up
+from bench.machine import load_average
+from bench.peers import PeerSpec, model_directory, running, vllm_mlx_spec
+from bench.prompts import PROMPT_SETS
+from bench.stats import summarize
+
+PATHS = {"kernel": {"dtype": "auto"}, "float32": {"dtype": "float32"}}
+CASES = ((1, 2), (16, 1))  # (concurrency, requests per client)
+NEW_TOKENS = 128
+
+# Run in a fresh interpreter: resident memory before and after loading one model.
+RSS_CODE = """
+import gc, json, sys, psutil
+from pathlib import Path
+from vllm_mlx import blas
+blas.configure()
+import mlx.core as mx
+from vllm_mlx.config import ModelSettings
+from vllm_mlx.models.loader import load_model
+process = psutil.Process()
+mx.eval(mx.zeros(1)); gc.collect()
+before = process.memory_info().rss
+settings = ModelSettings(name="m", source=sys.argv[1], dtype=sys.argv[2])
+loaded = load_model(settings, Path(sys.argv[3]))
+gc.collect()
+print(json.dumps({"weights_rss": process.memory_info().rss - before}))
+"""
+
+# A decode loop to profile: one stream, as the single-stream scenario runs it.
+DECODE_CODE = """
+import sys
+from pathlib import Path
+from vllm_mlx import blas
+blas.configure()
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+from vllm_mlx.config import ModelSettings
+from vllm_mlx.models.loader import load_model
+settings = ModelSettings(name="m", source=sys.argv[1], dtype=sys.argv[2])
+model = load_model(settings, Path(sys.argv[3])).model
+def decode_loop(steps):
+    cache = make_prompt_cache(model)
+    token = mx.array([[1]])
+    for _ in range(steps):
+        token = mx.argmax(model(token, cache=cache)[:, -1], axis=-1, keepdims=True)
+        mx.eval(token)
+decode_loop(int(sys.argv[4]))
+"""
+
+
+def rss_mib(model_dir: Path, dtype: str, cache: Path) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_CODE, str(model_dir), dtype, str(cache)],
+        capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["weights_rss"]) / 2**20
+
+
+def daemon_rss_mib(spec: PeerSpec) -> float:
+    text = httpx.get(f"{spec.base_url}/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith("vllm_mlx_process_resident_memory_bytes"):
+            return float(line.split()[-1]) / 2**20
+    return float("nan")
+
+
+def serve_side_by_side(work: Path, model_dir: Path) -> None:
+    specs = [vllm_mlx_spec(work, model_dir, name, model=cfg) for name, cfg in PATHS.items()]
+    print(f"load average at start: {load_average()}\n")
+    print("| concurrency | path | aggregate tok/s | per-stream tok/s p50 | TTFT p50 s | errors |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    results: dict[tuple[int, str], float] = {}
+    with running(specs[0], work / "kernel.log") as a, running(specs[1], work / "f32.log") as b:
+        for index, (concurrency, per_client) in enumerate(CASES * 2):
+            scenario = Scenario(PROMPT_SETS["short"], concurrency, per_client, NEW_TOKENS, 900.0)
+            for spec in (a, b) if index % 2 == 0 else (b, a):
+                asyncio.run(warm_up(spec.base_url, spec.model_id, scenario))
+                s = summarize(asyncio.run(run_scenario(spec.base_url, spec.model_id, scenario)))
+                results.setdefault((concurrency, spec.label), 0.0)
+                results[(concurrency, spec.label)] += s.aggregate_tok_s / 2
+                print(
+                    f"| {concurrency} | {spec.label} | {s.aggregate_tok_s:.1f} "
+                    f"| {s.per_request_tok_s.p50:.1f} | {s.ttft_s.p50:.2f} | {s.errors} |",
+                    flush=True,
+                )
+        rss = {spec.label: daemon_rss_mib(spec) for spec in (a, b)}
+    print(f"\nload average at end: {load_average()}")
+    for concurrency, _ in CASES:
+        k, f = results[(concurrency, "kernel")], results[(concurrency, "float32")]
+        print(f"- concurrency {concurrency}: kernel / float32 = {k / f:.2f}x (mean of 2 rounds)")
+    print(f"- daemon RSS after the run: kernel {rss['kernel']:.0f} MiB, "
+          f"float32 {rss['float32']:.0f} MiB")  # fmt: skip
+
+
+def profile(work: Path, model_dir: Path, cache: Path, steps: int) -> None:
+    """py-spy (Python side) and perf (native, every thread) of one decode loop per path."""
+    for name, cfg in PATHS.items():
+        args = [sys.executable, "-c", DECODE_CODE, str(model_dir), cfg["dtype"], str(cache)]
+        raw = work / f"pyspy-{name}.txt"
+        subprocess.run(
+            ["py-spy", "record", "--native", "-r", "200", "-f", "raw", "-o", str(raw), "--",
+             *args, str(steps)], check=True, capture_output=True,
+        )  # fmt: skip
+        print(f"\n### py-spy, {name} (decode loop, main thread, self time)\n")
+        print(top_frames(raw))
+        data = work / f"perf-{name}.data"
+        subprocess.run(
+            ["perf", "record", "-F", "499", "-o", str(data), "--", *args, str(steps)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        report = subprocess.run(
+            ["perf", "report", "-i", str(data), "--stdio", "--sort", "dso,symbol"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        lines = [" ".join(ln.split())[:120] for ln in report.splitlines()]
+        lines = [ln for ln in lines if ln and not ln.startswith("#")]
+        print(f"\n### perf, {name} (all threads)\n\n```\n" + "\n".join(lines[:14]) + "\n```")
+
+
+def top_frames(raw: Path, count: int = 8) -> str:
+    totals: dict[str, int] = {}
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if "decode_loop" not in stack:
+            continue
+        frame = stack.split(";")[-1][:90]
+        totals[frame] = totals.get(frame, 0) + int(n)
+        samples += int(n)
+    best = sorted(totals.items(), key=lambda kv: -kv[1])[:count]
+    return "\n".join(f"- {100 * n / samples:.1f}% {frame}" for frame, n in best)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--skip-serve", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="vllm-mlx-qmm-"))
+    model_dir = model_directory()
+    if not args.skip_serve:
+        serve_side_by_side(work, model_dir)
+    cache = work / "cache"
+    kernel, float32 = rss_mib(model_dir, "auto", cache), rss_mib(model_dir, "float32", cache)
+    print(f"- weights RSS (fresh process, after load): kernel {kernel:.0f} MiB, float32 "
+          f"{float32:.0f} MiB: {kernel / float32:.2f}x")  # fmt: skip
+    if args.profile:
+        profile(work, model_dir, cache, 200)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
