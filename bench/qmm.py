@@ -82,11 +82,8 @@ def rss_mib(model_dir: Path, dtype: str, cache: Path) -> float:
 
 
 def daemon_rss_mib(spec: PeerSpec) -> float:
-    text = httpx.get(f"{spec.base_url}/metrics", timeout=30).text
-    for line in text.splitlines():
-        if line.startswith("vllm_mlx_process_resident_memory_bytes"):
-            return float(line.split()[-1]) / 2**20
-    return float("nan")
+    status = httpx.get(f"{spec.base_url}/v1/status", timeout=30).json()
+    return float(status["memory"]["rss_gb"]) * 1024
 
 
 def serve_side_by_side(work: Path, model_dir: Path) -> None:

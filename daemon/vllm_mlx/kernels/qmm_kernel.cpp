@@ -65,26 +65,8 @@ float bf16_to_float(uint16_t h) {
   return f;
 }
 
-#ifdef VLLM_MLX_X86
-__attribute__((target("avx2,f16c"))) void f16_to_float_f16c(
-    const uint16_t* src, float* dst, int n) {
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-  for (; i < n; ++i) {
-    dst[i] = _cvtsh_ss(src[i]);
-  }
-}
-
-bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c");
-  return yes;
-}
-#endif
-
-// Row n's scales (or biases) as float32: a pointer into the input when it already is.
+// Row n's scales (or biases) as float32 for the portable path: a pointer into the input
+// when it already is.
 const float* row_as_float(const QmmProblem& p, const void* base, int n, float* buf) {
   int groups = p.K / p.group_size;
   size_t offset = static_cast<size_t>(n) * groups;
@@ -92,12 +74,6 @@ const float* row_as_float(const QmmProblem& p, const void* base, int n, float* b
     return static_cast<const float*>(base) + offset;
   }
   const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
-#ifdef VLLM_MLX_X86
-  if (p.scale_type == ScaleType::f16 && has_f16c()) {
-    f16_to_float_f16c(src, buf, groups);
-    return buf;
-  }
-#endif
   for (int g = 0; g < groups; ++g) {
     buf[g] = p.scale_type == ScaleType::f16 ? half_to_float(src[g]) : bf16_to_float(src[g]);
   }
@@ -176,7 +152,7 @@ void rows_scalar(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end
 
 #ifdef VLLM_MLX_X86
 
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -185,12 +161,22 @@ AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// One scale or bias as float32, converted in the tile's loop (no pass over the row).
+template <ScaleType ST>
+AVX2 inline float load_scale(const void* base, size_t i) {
+  if constexpr (ST == ScaleType::f32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (ST == ScaleType::f16) {
+    return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
+  } else {
+    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
 // A tile of MT activation rows x NT output rows. Per chunk of 16 weights: unpack once,
 // FMA into every activation row; two accumulators per pair so FMA latency overlaps.
-template <int BITS, int MT, int NT>
-AVX2 void tile_avx2(
-    const QmmProblem& p, const Prepared& xp, int m0, int n0,
-    const float* const* s, const float* const* b) {
+template <int BITS, int MT, int NT, ScaleType ST>
+AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
   const int K = p.K;
   const int gs = p.group_size;
   const int groups = K / gs;
@@ -242,10 +228,12 @@ AVX2 void tile_avx2(
       }
     }
     for (int j = 0; j < NT; ++j) {
-      __m256 scale = _mm256_set1_ps(s[j][g]);
+      size_t at = static_cast<size_t>(n0 + j) * groups + g;
+      __m256 scale = _mm256_set1_ps(load_scale<ST>(p.scales, at));
+      float b = load_scale<ST>(p.biases, at);
       for (int i = 0; i < MT; ++i) {
         tot[i][j] = _mm256_fmadd_ps(scale, _mm256_add_ps(acc0[i][j], acc1[i][j]), tot[i][j]);
-        bias[i][j] += b[j][g] * xs[i][g];
+        bias[i][j] += b * xs[i][g];
       }
     }
   }
@@ -256,49 +244,46 @@ AVX2 void tile_avx2(
   }
 }
 
-template <int BITS, int MT, int NT>
-void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n0, float* buf) {
-  int groups = p.K / p.group_size;
-  const float* s[NT];
-  const float* b[NT];
-  for (int j = 0; j < NT; ++j) {
-    s[j] = row_as_float(p, p.scales, n0 + j, buf + (2 * j) * groups);
-    b[j] = row_as_float(p, p.biases, n0 + j, buf + (2 * j + 1) * groups);
-  }
-  tile_avx2<BITS, MT, NT>(p, xp, m0, n0, s, b);
-}
-
 // Output rows [n_begin, n_end): one activation row takes 4 output rows at a time;
 // several take one output row and up to 4 activation rows.
-template <int BITS>
+template <int BITS, ScaleType ST>
 void rows_avx2(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-  std::vector<float> buf(8 * (p.K / p.group_size));
   if (p.M == 1) {
     int n = n_begin;
     for (; n + 4 <= n_end; n += 4) {
-      tile_rows<BITS, 1, 4>(p, xp, 0, n, buf.data());
+      tile_avx2<BITS, 1, 4, ST>(p, xp, 0, n);
     }
     for (; n < n_end; ++n) {
-      tile_rows<BITS, 1, 1>(p, xp, 0, n, buf.data());
+      tile_avx2<BITS, 1, 1, ST>(p, xp, 0, n);
     }
     return;
   }
   for (int n = n_begin; n < n_end; ++n) {
     int m = 0;
     for (; m + 4 <= p.M; m += 4) {
-      tile_rows<BITS, 4, 1>(p, xp, m, n, buf.data());
+      tile_avx2<BITS, 4, 1, ST>(p, xp, m, n);
     }
     switch (p.M - m) {
-      case 3: tile_rows<BITS, 3, 1>(p, xp, m, n, buf.data()); break;
-      case 2: tile_rows<BITS, 2, 1>(p, xp, m, n, buf.data()); break;
-      case 1: tile_rows<BITS, 1, 1>(p, xp, m, n, buf.data()); break;
+      case 3: tile_avx2<BITS, 3, 1, ST>(p, xp, m, n); break;
+      case 2: tile_avx2<BITS, 2, 1, ST>(p, xp, m, n); break;
+      case 1: tile_avx2<BITS, 1, 1, ST>(p, xp, m, n); break;
       default: break;
     }
   }
 }
 
+template <int BITS>
+void rows_avx2_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  switch (p.scale_type) {
+    case ScaleType::f32: rows_avx2<BITS, ScaleType::f32>(p, xp, n_begin, n_end); break;
+    case ScaleType::f16: rows_avx2<BITS, ScaleType::f16>(p, xp, n_begin, n_end); break;
+    case ScaleType::bf16: rows_avx2<BITS, ScaleType::bf16>(p, xp, n_begin, n_end); break;
+  }
+}
+
 bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c");
   return yes;
 }
 
@@ -308,9 +293,9 @@ void rows(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
 #ifdef VLLM_MLX_X86
   if (has_avx2()) {
     if (p.bits == 4) {
-      rows_avx2<4>(p, xp, n_begin, n_end);
+      rows_avx2_typed<4>(p, xp, n_begin, n_end);
     } else {
-      rows_avx2<8>(p, xp, n_begin, n_end);
+      rows_avx2_typed<8>(p, xp, n_begin, n_end);
     }
     return;
   }
