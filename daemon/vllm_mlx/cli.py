@@ -313,11 +313,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    loaded = _load(args.config)
+    # The BLAS decides whether float32 is worth it, as in `serve` (`path` below); it must
+    # be chosen before the loader imports mlx.
+    _choose_blas(loaded.settings.engine.blas)
     from vllm_mlx.models.loader import ModelUnavailableError, describe_models
 
-    loaded = _load(args.config)
-    # The BLAS decides whether float32 is worth it, as in `serve` (`path` below).
-    _choose_blas(loaded.settings.engine.blas)
     try:
         rows = describe_models(loaded.settings, resolve=args.resolve)
     except (ModelUnavailableError, ValueError, OSError) as exc:  # not cached, bad import
