@@ -180,8 +180,10 @@ class ModelSettings(Section):
         "auto",
         Reload.MODEL,
         "Weight format served: `quantized` keeps the stored weights; `auto` picks by "
-        "backend (on the CPU with an optimized BLAS, float32, which decodes several times "
-        "faster there; otherwise the stored format). See docs/benchmarks.md.",
+        "backend (on the Linux CPU: the stored 4/8-bit weights through the built quantized "
+        "kernel; without the kernel, float32 when an optimized BLAS is loaded, which decodes "
+        "several times faster than MLX's own CPU quantized matmul; otherwise the stored "
+        "format). `vllm-mlx models` shows the path each model takes. See docs/benchmarks.md.",
     )
 
     enable_auto_tool_choice: bool = setting(
