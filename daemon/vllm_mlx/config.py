@@ -167,6 +167,28 @@ class ModelSettings(Section):
         min_length=1,
     )
     aliases: list[str] = setting([], Reload.HOT, "Other ids that reach this model.")
+    task: Literal["generate", "embed"] = setting(
+        "generate",
+        Reload.MODEL,
+        "`generate`: a chat/completion model (mlx-lm); `embed`: a sentence-embedding "
+        "model served on /v1/embeddings (a BERT encoder, e.g. "
+        "`builtin:all-minilm-l6-v2`). See docs/embeddings.md.",
+    )
+    pooling: Literal["mean", "cls", "last"] | None = setting(
+        None,
+        Reload.MODEL,
+        "Embedding models: how token vectors become one vector; default: the model's "
+        "own sentence-transformers pooling config, else `mean`.",
+    )
+    normalize: bool = setting(
+        True, Reload.MODEL, "Embedding models: scale every vector to unit length."
+    )
+    matryoshka: bool = setting(
+        False,
+        Reload.HOT,
+        "Embedding models trained Matryoshka-style: requests may ask for fewer "
+        "`dimensions` (the vector is truncated and re-normalised); otherwise that is a 400.",
+    )
     revision: str | None = setting(
         None, Reload.MODEL, "Hugging Face revision (branch, tag or commit) for hub sources."
     )
@@ -261,6 +283,20 @@ class EngineSettings(Section):
         "(least recently used first out) so a prompt that shares a prefix with an earlier "
         "one (a system prompt, a conversation so far) skips that part of prefill. 0 = off.",
         ge=0,
+    )
+    embedding_batch_size: int = setting(
+        32,
+        Reload.MODEL,
+        "Embedding models: most inputs embedded together in one forward pass.",
+        ge=1,
+        le=1024,
+    )
+    embedding_batch_tokens: int = setting(
+        8192,
+        Reload.MODEL,
+        "Embedding models: most padded tokens (inputs x the longest) in one forward pass; "
+        "a single longer input still runs, alone.",
+        ge=16,
     )
     blas: str = setting(
         "auto",
@@ -388,7 +424,8 @@ def _default_models() -> list[ModelSettings]:
             name="smollm2-135m-instruct",
             source="builtin:smollm2-135m-instruct",
             aliases=["default"],
-        )
+        ),
+        ModelSettings(name="all-minilm-l6-v2", source="builtin:all-minilm-l6-v2", task="embed"),
     ]
 
 

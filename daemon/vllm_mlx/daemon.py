@@ -31,8 +31,9 @@ from vllm_mlx.api.state import ServerState
 from vllm_mlx.app import create_app
 from vllm_mlx.config import EngineSettings, ModelSettings, Reload, Settings
 from vllm_mlx.configfile import LoadedConfig
-from vllm_mlx.engine.engine import Engine, LoadedModel
-from vllm_mlx.engine.registry import ModelEntry, ModelRegistry
+from vllm_mlx.engine.embedding import LoadedEmbeddingModel
+from vllm_mlx.engine.engine import LoadedModel
+from vllm_mlx.engine.registry import ModelEntry, ModelRegistry, Stoppable
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.lifecycle import RequestTracker, remove_pid_file, write_pid_file
 from vllm_mlx.logging import configure_logging
@@ -70,9 +71,11 @@ class Listener:
     retiring: bool = False
 
 
-def model_loader(settings: Settings) -> Callable[[ModelSettings], LoadedModel]:
+def model_loader(
+    settings: Settings,
+) -> Callable[[ModelSettings], LoadedModel | LoadedEmbeddingModel]:
     cache_dir = settings.resolved_cache_dir()
-    return lambda model: load_model(model, cache_dir)
+    return lambda model: load_model(model, cache_dir, settings.engine)
 
 
 class Daemon:
@@ -101,7 +104,7 @@ class Daemon:
         self.pid_file: Path | None = None
         self._stopping = False
         self._loader_thread: threading.Thread | None = None
-        self._retired: list[Engine] = []  # engines swapped out, stopped once idle
+        self._retired: list[Stoppable] = []  # engines swapped out, stopped once idle
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -224,10 +227,11 @@ class Daemon:
             self._swap_engines(entries, new)
 
     def _discard(self, entries: dict[str, ModelEntry]) -> None:
-        serving = {id(e.engine) for e in self.registry.entries()}
+        serving = {id(e.runner) for e in self.registry.entries()}
         for entry in entries.values():
-            if entry.engine is not None and id(entry.engine) not in serving:
-                entry.engine.stop()
+            runner = entry.runner
+            if runner is not None and id(runner) not in serving:
+                runner.stop()
 
     def _swap_engines(self, entries: dict[str, ModelEntry], new: Settings) -> None:
         mark = self.tracker.mark()
@@ -237,7 +241,7 @@ class Daemon:
         if retired:
             self._spawn(self._retire_engines(retired, mark))
 
-    async def _retire_engines(self, engines: list[Engine], mark: int) -> None:
+    async def _retire_engines(self, engines: list[Stoppable], mark: int) -> None:
         # Every request that could have picked an old engine arrived before the switch.
         await self.tracker.wait_started_before(mark)
         for engine in engines:

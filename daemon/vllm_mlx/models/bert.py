@@ -1,0 +1,210 @@
+"""A small BERT encoder in MLX (the architecture of all-MiniLM-L6-v2 and its kin).
+
+Weights load straight from a Hugging Face `BertModel` safetensors file: the module
+names below mirror transformers' so no key renaming is needed. Only the encoder is
+built; the pooler head is unused by sentence-embedding models and dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+Pooling = Literal["mean", "cls", "last"]
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> BertConfig:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(
+            config.max_position_embeddings, config.hidden_size
+        )
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        positions = mx.arange(ids.shape[1])[None, :]
+        # Single-segment inputs: token type 0 everywhere, as sentence-transformers sends.
+        hidden = (
+            self.word_embeddings(ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(mx.zeros_like(ids))
+        )
+        return self.LayerNorm(hidden)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
+        batch, length, width = x.shape
+
+        def split(t: mx.array) -> mx.array:
+            return t.reshape(batch, length, self.heads, -1).transpose(0, 2, 1, 3)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        scale = 1.0 / math.sqrt(width // self.heads)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        return out.transpose(0, 2, 1, 3).reshape(batch, length, width)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig, inner: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(inner, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def __call__(self, x: mx.array, residual: mx.array) -> mx.array:
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        # transformers names this submodule `self`; the weight keys follow it.
+        setattr(self, "self", BertSelfAttention(config))  # noqa: B010
+        self.output = BertSelfOutput(config, config.hidden_size)
+
+    def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
+        attention: BertSelfAttention = self["self"]
+        return self.output(attention(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        # BERT's "gelu" is the exact (erf) form; "gelu_new" is the tanh approximation.
+        self.act = nn.gelu_approx if config.hidden_act == "gelu_new" else nn.gelu
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.act(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertSelfOutput(config, config.intermediate_size)
+
+    def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
+        attended = self.attention(x, mask)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = [BertLayer(config) for _ in range(config.num_hidden_layers)]
+
+    def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertModel(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+
+    def __call__(self, ids: mx.array, attention: mx.array) -> mx.array:
+        """Hidden states [batch, length, hidden]; `attention` is 1 for real tokens, 0 for pad."""
+        # Additive key mask, broadcast over heads and queries: padding gets no weight.
+        dtype = self.embeddings.word_embeddings.weight.dtype
+        mask = ((1.0 - attention.astype(dtype)) * -1e9)[:, None, None, :].astype(dtype)
+        return self.encoder(self.embeddings(ids), mask)
+
+
+def load_bert(weights: dict[str, mx.array], config: BertConfig) -> BertModel:
+    model = BertModel(config)
+    # Checkpoints saved from BertForX prefix every key with "bert.".
+    cleaned = {k.removeprefix("bert."): v for k, v in weights.items()}
+    wanted = {k: v for k, v in cleaned.items() if k.startswith(("embeddings.", "encoder."))}
+    wanted.pop("embeddings.position_ids", None)
+    model.load_weights(list(wanted.items()), strict=True)
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
+def pad_batch(batch: Sequence[Sequence[int]], pad_id: int) -> tuple[mx.array, mx.array]:
+    """Right-padded ids and their attention mask."""
+    width = max(len(ids) for ids in batch)
+    ids = np.full((len(batch), width), pad_id, dtype=np.int32)
+    mask = np.zeros((len(batch), width), dtype=np.int32)
+    for row, tokens in enumerate(batch):
+        ids[row, : len(tokens)] = tokens
+        mask[row, : len(tokens)] = 1
+    return mx.array(ids), mx.array(mask)
+
+
+def pool(hidden: mx.array, mask: mx.array, pooling: Pooling) -> mx.array:
+    if pooling == "cls":
+        return hidden[:, 0, :]
+    if pooling == "last":
+        last = mask.sum(axis=1) - 1
+        return mx.take_along_axis(hidden, last[:, None, None].astype(mx.int32), axis=1)[:, 0, :]
+    weights = mask.astype(hidden.dtype)[:, :, None]
+    total = (hidden * weights).sum(axis=1)
+    return total / mx.maximum(weights.sum(axis=1), 1e-9)
+
+
+def normalize(vectors: mx.array) -> mx.array:
+    norms = mx.sqrt((vectors * vectors).sum(axis=-1, keepdims=True))
+    return vectors / mx.maximum(norms, 1e-12)
+
+
+@dataclass
+class BertEmbedder:
+    """A BERT encoder with its pooling: token ids in, one float32 vector per input out."""
+
+    model: BertModel
+    pooling: Pooling = "mean"
+    normalize: bool = True
+    pad_id: int = 0
+
+    @property
+    def dimensions(self) -> int:
+        return self.model.config.hidden_size
+
+    def embed(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        ids, mask = pad_batch(batch, self.pad_id)
+        vectors = pool(self.model(ids, mask), mask, self.pooling)
+        if self.normalize:
+            vectors = normalize(vectors)
+        out = np.array(vectors.astype(mx.float32), copy=True)
+        return out
