@@ -330,8 +330,11 @@ def cmd_models(args: argparse.Namespace) -> int:
         for row in rows:
             aliases = f" (aliases: {', '.join(row['aliases'])})" if row["aliases"] else ""
             directory = row["directory"] or "(not downloaded yet)"
-            print(f"{row['name']}{aliases}\n  source: {row['source']}\n  directory: {directory}")
-            if row["path"]:
+            print(
+                f"{row['name']}{aliases}\n  task: {row['task']}\n  source: {row['source']}\n"
+                f"  directory: {directory}"
+            )
+            if row.get("path"):
                 print(f"  path: {row['path']} ({row['path_reason']})")
     return 0
 

@@ -205,6 +205,16 @@ class Metrics:
             "Generations aborted before their end, by reason.",
             ("model_name", "reason"),
         )
+        self.embedding_requests = c(
+            "vllm_mlx_embedding_requests", "Embedding requests answered (POST /v1/embeddings)."
+        )
+        self.embedding_inputs = c("vllm_mlx_embedding_inputs", "Inputs embedded.")
+        self.embedding_tokens = c("vllm_mlx_embedding_input_tokens", "Input tokens embedded.")
+        self.embedding_latency = h(
+            "vllm_mlx_embedding_request_duration_seconds",
+            "Time from an embedding request's arrival to its vectors.",
+            HTTP_LATENCY_BUCKETS,
+        )
 
     def _define_server_metrics(self) -> None:
         c = self._counter
@@ -281,6 +291,12 @@ class Metrics:
     def request(self, model: str, prompt_tokens: int) -> RequestMetrics:
         self.add_model(model)
         return RequestMetrics(self, model, prompt_tokens)
+
+    def embedding_request(self, model: str, inputs: int, tokens: int, seconds: float) -> None:
+        self.embedding_requests.labels(model).inc()
+        self.embedding_inputs.labels(model).inc(inputs)
+        self.embedding_tokens.labels(model).inc(tokens)
+        self.embedding_latency.labels(model).observe(seconds)
 
     def http_request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http_requests.labels(route, method, f"{status // 100}xx").inc()

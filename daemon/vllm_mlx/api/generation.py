@@ -55,6 +55,13 @@ def resolve_target(state: ServerState, model_id: str) -> Target:
     entry = state.registry.resolve(model_id)
     if entry is None:
         raise model_not_found(model_id)
+    if entry.settings.task == "embed":
+        raise bad_request(
+            f"model '{model_id}' is an embedding model: it serves POST /v1/embeddings only, "
+            f"not text generation",
+            "model",
+            "model_not_generative",
+        )
     if entry.state is not LoadState.RUNNING or entry.engine is None:
         failed = entry.state is LoadState.FAILED
         what = f"failed to load: {entry.error}" if failed else f"is {entry.state.value}"

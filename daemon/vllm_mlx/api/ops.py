@@ -17,6 +17,7 @@ from vllm_mlx.api.auth import error_payload
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.middleware import ASGIApp, OpsMiddleware
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.engine.embedding import EmbeddingEngine
 from vllm_mlx.engine.memory import read_memory
 from vllm_mlx.engine.registry import LoadState, ModelEntry
 from vllm_mlx.metrics import CONTENT_TYPE, MemorySample, ModelSample
@@ -46,7 +47,12 @@ def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     state = _state(request)
     registry = state.registry
     models = [
-        {"name": e.settings.name, "state": e.state.value, **({"error": e.error} if e.error else {})}
+        {
+            "name": e.settings.name,
+            "state": e.state.value,
+            "task": e.settings.task,
+            **({"error": e.error} if e.error else {}),
+        }
         for e in registry.entries()
     ]
     if state.draining:
@@ -80,6 +86,7 @@ def status(request: Request[Any, Any, Any]) -> dict[str, Any]:
 def _model_block(entry: ModelEntry) -> dict[str, Any]:
     block: dict[str, Any] = {
         "model": entry.settings.name,
+        "task": entry.settings.task,
         "status": STATUS_WORDS.get(entry.state, "not_loaded"),
         "state": entry.state.value,
     }
@@ -99,19 +106,35 @@ def _model_block(entry: ModelEntry) -> dict[str, Any]:
             "kv_cache_usage": round(scheduler.kv_tokens / capacity, 6) if capacity else 0.0,
         }
     else:
+        embedder = entry.embedder
         block |= {
-            "steps_executed": 0,
-            "total_requests_processed": 0,
-            "total_prompt_tokens": 0,
+            "steps_executed": embedder.stats.batches if embedder else 0,
+            "total_requests_processed": embedder.stats.requests if embedder else 0,
+            "total_prompt_tokens": embedder.stats.tokens if embedder else 0,
             "total_completion_tokens": 0,
             "kv_cache_usage": 0.0,
         }
+        if embedder is not None:
+            block["embedding"] = _embedding_block(embedder)
     # Counted from the same snapshot as `requests`, so the two always agree.
     block["num_running"] = sum(1 for r in requests if r["phase"] != "queued")
     block["num_waiting"] = sum(1 for r in requests if r["phase"] == "queued")
     block["cache"] = engine.scheduler.prefix_cache.summary() if engine else dict(NO_CACHE)
     block["requests"] = requests
     return block
+
+
+def _embedding_block(embedder: EmbeddingEngine) -> dict[str, Any]:
+    loaded, stats = embedder.loaded, embedder.stats
+    return {
+        "dimensions": embedder.dimensions,
+        "max_input_tokens": loaded.max_length,
+        "pooling": loaded.pooling,
+        "normalize": loaded.normalize,
+        "inputs_embedded": stats.inputs,
+        "inputs_queued": stats.queued,
+        "batches": stats.batches,
+    }
 
 
 def _total_cache(caches: list[dict[str, Any]]) -> dict[str, Any]:
@@ -191,6 +214,13 @@ def live_sample(state: ServerState) -> tuple[list[ModelSample], MemorySample]:
                 running=scheduler.num_running,
                 waiting=scheduler.num_waiting,
                 kv_usage=scheduler.kv_tokens / capacity if capacity else 0.0,
+            )
+        elif entry.embedder is not None:
+            sample = ModelSample(
+                entry.settings.name,
+                entry.state.value,
+                load_seconds=entry.embedder.loaded.load_seconds,
+                waiting=entry.embedder.stats.queued,
             )
         samples.append(sample)
     m = read_memory()

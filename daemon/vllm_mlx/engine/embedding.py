@@ -86,9 +86,7 @@ class EmbeddingEngine:
         self.limits = loaded.limits
         self.stats = EmbeddingStats()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"embed-{loaded.name}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._loop, name=f"embed-{loaded.name}", daemon=True)
         self._accepting = False
 
     # --- the asyncio side ---------------------------------------------------------------

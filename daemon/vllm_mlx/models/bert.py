@@ -13,8 +13,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
+
+# The submodules, not `mlx.nn`: its star import hides the names from type checkers.
+from mlx.nn.layers.activations import gelu, gelu_approx
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.embedding import Embedding
+from mlx.nn.layers.linear import Linear
+from mlx.nn.layers.normalization import LayerNorm
 
 Pooling = Literal["mean", "cls", "last"]
 
@@ -37,15 +43,13 @@ class BertConfig:
         return cls(**{k: v for k, v in raw.items() if k in names})
 
 
-class BertEmbeddings(nn.Module):
+class BertEmbeddings(Module):
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(
-            config.max_position_embeddings, config.hidden_size
-        )
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.word_embeddings = Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def __call__(self, ids: mx.array) -> mx.array:
         positions = mx.arange(ids.shape[1])[None, :]
@@ -55,16 +59,17 @@ class BertEmbeddings(nn.Module):
             + self.position_embeddings(positions)
             + self.token_type_embeddings(mx.zeros_like(ids))
         )
-        return self.LayerNorm(hidden)
+        out: mx.array = self.LayerNorm(hidden)
+        return out
 
 
-class BertSelfAttention(nn.Module):
+class BertSelfAttention(Module):
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.heads = config.num_attention_heads
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.query = Linear(config.hidden_size, config.hidden_size)
+        self.key = Linear(config.hidden_size, config.hidden_size)
+        self.value = Linear(config.hidden_size, config.hidden_size)
 
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
         batch, length, width = x.shape
@@ -78,19 +83,20 @@ class BertSelfAttention(nn.Module):
         return out.transpose(0, 2, 1, 3).reshape(batch, length, width)
 
 
-class BertSelfOutput(nn.Module):
+class BertSelfOutput(Module):
     def __init__(self, config: BertConfig, inner: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(inner, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dense = Linear(inner, config.hidden_size)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def __call__(self, x: mx.array, residual: mx.array) -> mx.array:
-        return self.LayerNorm(self.dense(x) + residual)
+        out: mx.array = self.LayerNorm(self.dense(x) + residual)
+        return out
 
 
-class BertAttention(nn.Module):
+class BertAttention(Module):
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         # transformers names this submodule `self`; the weight keys follow it.
         setattr(self, "self", BertSelfAttention(config))  # noqa: B010
         self.output = BertSelfOutput(config, config.hidden_size)
@@ -100,20 +106,21 @@ class BertAttention(nn.Module):
         return self.output(attention(x, mask), x)
 
 
-class BertIntermediate(nn.Module):
+class BertIntermediate(Module):
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
         # BERT's "gelu" is the exact (erf) form; "gelu_new" is the tanh approximation.
-        self.act = nn.gelu_approx if config.hidden_act == "gelu_new" else nn.gelu
+        self.act = gelu_approx if config.hidden_act == "gelu_new" else gelu
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.act(self.dense(x))
+        out: mx.array = self.act(self.dense(x))
+        return out
 
 
-class BertLayer(nn.Module):
+class BertLayer(Module):
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
         self.output = BertSelfOutput(config, config.intermediate_size)
@@ -123,9 +130,9 @@ class BertLayer(nn.Module):
         return self.output(self.intermediate(attended), attended)
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(Module):
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.layer = [BertLayer(config) for _ in range(config.num_hidden_layers)]
 
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
@@ -134,9 +141,9 @@ class BertEncoder(nn.Module):
         return x
 
 
-class BertModel(nn.Module):
+class BertModel(Module):
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
@@ -157,7 +164,7 @@ def load_bert(weights: dict[str, mx.array], config: BertConfig) -> BertModel:
     wanted.pop("embeddings.position_ids", None)
     model.load_weights(list(wanted.items()), strict=True)
     model.eval()
-    mx.eval(model.parameters())
+    mx.eval(model.parameters())  # type: ignore[no-untyped-call]
     return model
 
 

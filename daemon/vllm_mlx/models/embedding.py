@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -94,7 +94,7 @@ def load_embedding_model(
 ) -> LoadedEmbeddingModel:
     import mlx.core as mx
 
-    from vllm_mlx.models.bert import BertConfig, BertEmbedder, load_bert
+    from vllm_mlx.models.bert import BertConfig, BertEmbedder, Pooling, load_bert
 
     started = time.monotonic()
     config = check_embedding_dir(model_dir)
@@ -104,7 +104,10 @@ def load_embedding_model(
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
     pooling = pooling_of(model_dir, model.pooling)
     embedder = BertEmbedder(
-        load_bert(weights, bert_config), pooling, model.normalize, tokenizer.pad_id()  # type: ignore[arg-type]
+        load_bert(weights, bert_config),
+        cast("Pooling", pooling),
+        model.normalize,
+        tokenizer.pad_id(),
     )
     engine = engine or EngineSettings()
     elapsed = time.monotonic() - started

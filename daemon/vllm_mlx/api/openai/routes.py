@@ -1,4 +1,7 @@
-"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions."""
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions.
+
+POST /v1/embeddings lives in embeddings.py.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from vllm_mlx.api.generation import (
 )
 from vllm_mlx.api.openai import convert
 from vllm_mlx.api.openai.chat import chat_completions
+from vllm_mlx.api.openai.embeddings import embeddings
 from vllm_mlx.api.openai.schema import CompletionRequest, ModelCard
 from vllm_mlx.api.prepare import off_loop, prompt_tokens
 from vllm_mlx.api.sse import DONE, SSE_HEADERS, data_event
@@ -167,6 +171,6 @@ async def _stream_completion(
 def make_openai_router() -> Router:
     return Router(
         path="/v1",
-        route_handlers=[list_models, get_model, chat_completions, completions],
+        route_handlers=[list_models, get_model, chat_completions, completions, embeddings],
         exception_handlers={Exception: openai_error_response},
     )
