@@ -129,12 +129,42 @@ def _flag_issue(loc: Sequence[str | int], message: str, given: dict[str, Any]) -
     return ConfigIssue(format_key_path(["models", 0, *loc]), text, f"command line ({flags})")
 
 
+def _with_embedding_model(loaded: LoadedConfig, source: str | None) -> LoadedConfig:
+    """--embedding-model: serve this embedding model too (unless one with its source is)."""
+    settings = loaded.settings
+    if source is None or any(m.source == source for m in settings.models):
+        return loaded
+    name = source.removeprefix("builtin:") if source.startswith("builtin:") else source
+    name = Path(name.rstrip("/")).name
+    origin = "command line (--embedding-model)"
+    taken = {i for m in settings.models for i in (m.name, *m.aliases)}
+    if name in taken:
+        message = f"the model id {name!r} is already used"
+        raise ConfigError([ConfigIssue(f"models[{len(settings.models)}].name", message, origin)])
+    try:
+        model = ModelSettings(name=name, source=source, task="embed")
+    except ValidationError as exc:
+        issues = [
+            ConfigIssue(format_key_path(["models", len(settings.models), *e["loc"]]),
+                        e["msg"].removeprefix("Value error, "), origin)
+            for e in exc.errors()
+        ]  # fmt: skip
+        raise ConfigError(issues) from exc
+    updated = settings.model_copy(update={"models": [*settings.models, model]})
+    return LoadedConfig(updated, loaded.path, loaded.warnings)
+
+
 def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", help="serve only this model (any `source` form)")
     parser.add_argument("--config", help="path to vllm-mlx.yaml")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--served-model-name", help="the id clients use for the model")
+    parser.add_argument(
+        "--embedding-model",
+        help="also serve this embedding model on /v1/embeddings (any `source` form, e.g. "
+        "builtin:all-minilm-l6-v2 or a sentence-transformers folder of a BERT model)",
+    )
     parser.add_argument("--max-tokens", type=int, help="default max_tokens")
     parser.add_argument(
         "--max-request-tokens", type=int, help="most new tokens one request may ask for"
@@ -265,6 +295,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loaded = _apply_served_name(
             load_config(args.config, overrides), args.served_model_name, bool(args.model), args
         )
+        loaded = _with_embedding_model(loaded, args.embedding_model)
     except ConfigError as exc:
         _fail(_name_flags(exc))
     source = _config_source(args.config, loaded)
@@ -273,7 +304,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def reload_config() -> Settings:
         # Exactly what serve did: the same file, environment and flags.
         fresh = load_config(source, overrides)
-        return _apply_served_name(fresh, args.served_model_name, bool(args.model), args).settings
+        fresh = _apply_served_name(fresh, args.served_model_name, bool(args.model), args)
+        return _with_embedding_model(fresh, args.embedding_model).settings
 
     from vllm_mlx.daemon import run
 

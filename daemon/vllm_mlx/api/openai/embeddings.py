@@ -72,6 +72,14 @@ def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _wrong_item(index: int, expected: str) -> APIError:
+    return bad_request(
+        f"Invalid value for 'input[{index}]': expected {expected}, as the first item is "
+        f"('input' must be {INPUT_SHAPES}, not a mix)",
+        f"input[{index}]",
+    )
+
+
 def parse_inputs(value: Any) -> list[str] | list[list[int]]:
     """The request's inputs as a list of texts or a list of token-id lists."""
     if isinstance(value, str):
@@ -80,21 +88,23 @@ def parse_inputs(value: Any) -> list[str] | list[list[int]]:
         raise bad_request(f"'input' must be {INPUT_SHAPES}", "input")
     if not value:
         raise bad_request("'input' is an empty array; send at least one input", "input")
-    if all(_is_token(v) for v in value):
+    if _is_token(value[0]):  # one input given as token ids
+        bad = next((i for i, v in enumerate(value) if not _is_token(v)), None)
+        if bad is not None:
+            raise _wrong_item(bad, "a token id (an integer)")
         value = [value]
     if len(value) > MAX_INPUTS:
         raise bad_request(f"'input' has {len(value)} items; at most {MAX_INPUTS}", "input")
-    if all(isinstance(v, str) for v in value):
+    if isinstance(value[0], str):
         for index, text in enumerate(value):
+            if not isinstance(text, str):
+                raise _wrong_item(index, "a string")
             if not text:
                 raise bad_request(f"input[{index}] is an empty string", f"input[{index}]")
         return list(value)
     for index, item in enumerate(value):
         if not isinstance(item, list) or not all(_is_token(t) for t in item):
-            raise bad_request(
-                f"Invalid value for 'input[{index}]': 'input' must be {INPUT_SHAPES} (not a mix)",
-                f"input[{index}]",
-            )
+            raise _wrong_item(index, "an array of token ids")
         if not item:
             raise bad_request(f"input[{index}] is an empty array of token ids", f"input[{index}]")
     return list(value)

@@ -1,0 +1,147 @@
+"""The bundled embedding model in MLX against sentence-transformers, and its engine.
+
+Reference vectors: tests/fixtures/embeddings/reference.json (made by make_reference.py
+beside it, with sentence-transformers on PyTorch CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from vllm_mlx import blas
+
+# As the daemon does: OpenBLAS when installed (10x faster here than the wheel's BLAS).
+# A no-op when another test module imported mlx first; results do not depend on it.
+blas.configure("auto")
+
+from vllm_mlx.config import ModelSettings  # noqa: E402
+from vllm_mlx.engine.embedding import EmbeddingEngine, EmbeddingLimits, LoadedEmbeddingModel  # noqa: E402
+from vllm_mlx.models.loader import load_model  # noqa: E402
+
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "embeddings" / "reference.json"
+
+
+def cosine(a: Any, b: Any) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(REFERENCE.read_text())["items"]
+    return items
+
+
+@pytest.fixture(scope="module")
+def loaded(model_cache_dir: Path) -> LoadedEmbeddingModel:
+    settings = ModelSettings(name="minilm", source="builtin:all-minilm-l6-v2", task="embed")
+    model = load_model(settings, model_cache_dir)
+    assert isinstance(model, LoadedEmbeddingModel)
+    return model
+
+
+def test_tokens_match_the_reference_tokenizer(
+    loaded: LoadedEmbeddingModel, reference: list[dict[str, Any]]
+) -> None:
+    ids = loaded.tokenizer.encode_batch([item["text"] for item in reference])
+    assert ids == [item["token_ids"] for item in reference]
+
+
+def test_vectors_match_sentence_transformers(
+    loaded: LoadedEmbeddingModel, reference: list[dict[str, Any]]
+) -> None:
+    assert len(reference) >= 20
+    vectors = loaded.embedder.embed([item["token_ids"] for item in reference])
+    assert vectors.shape == (len(reference), 384)
+    for item, vector in zip(reference, vectors, strict=True):
+        assert cosine(vector, item["embedding"]) >= 0.9999, item["text"]
+        assert abs(float(np.linalg.norm(vector)) - 1.0) < 1e-5
+
+
+def test_padding_does_not_change_a_vector(
+    loaded: LoadedEmbeddingModel, reference: list[dict[str, Any]]
+) -> None:
+    by_length = sorted(reference, key=lambda item: len(item["token_ids"]))
+    longest = [item["token_ids"] for item in by_length[-3:]]
+    for item in by_length[:6]:
+        alone = loaded.embedder.embed([item["token_ids"]])[0]
+        batched = loaded.embedder.embed([*longest, item["token_ids"]])[-1]
+        assert len(item["token_ids"]) < len(longest[0])
+        assert cosine(alone, batched) >= 0.99999, item["text"]
+
+
+def test_pooling_and_normalize_choices(
+    loaded: LoadedEmbeddingModel, reference: list[dict[str, Any]]
+) -> None:
+    ids = [item["token_ids"] for item in reference[:4]]
+    embedder = loaded.embedder
+    mean = embedder.embed(ids)
+    cls = replace(embedder, pooling="cls").embed(ids)  # type: ignore[type-var]
+    last = replace(embedder, pooling="last").embed(ids)  # type: ignore[type-var]
+    raw = replace(embedder, normalize=False).embed(ids)  # type: ignore[type-var]
+    assert cosine(cls[0], mean[0]) < 0.999 and cosine(last[0], mean[0]) < 0.999
+    assert np.allclose(np.linalg.norm(cls, axis=1), 1.0, atol=1e-5)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-3)
+    assert cosine(raw[0], mean[0]) > 0.99999  # the same direction, another length
+
+
+class Recording:
+    """The real embedder, with the batches it was given written down."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.batches: list[list[int]] = []
+
+    @property
+    def dimensions(self) -> int:
+        return int(self.inner.dimensions)
+
+    def embed(self, batch: Sequence[Sequence[int]]) -> Any:
+        self.batches.append([len(ids) for ids in batch])
+        return self.inner.embed(batch)
+
+
+def test_engine_batches_within_bounds_and_keeps_order(
+    loaded: LoadedEmbeddingModel, reference: list[dict[str, Any]]
+) -> None:
+    recording = Recording(loaded.embedder)
+    limits = EmbeddingLimits(max_batch_size=4, max_batch_tokens=120)
+    engine = EmbeddingEngine(replace(loaded, embedder=recording, limits=limits))
+    requests = [[item["token_ids"] for item in reference[i : i + 3]] for i in range(0, 24, 3)]
+
+    async def main() -> list[list[Any]]:
+        return await asyncio.gather(*(engine.embed(r) for r in requests))
+
+    engine.start()
+    try:
+        results = asyncio.run(main())
+    finally:
+        engine.stop()
+    for request, vectors in zip(requests, results, strict=True):
+        direct = loaded.embedder.embed(request)
+        for got, want in zip(vectors, direct, strict=True):
+            assert cosine(got, want) >= 0.99999
+    for batch in recording.batches:
+        assert len(batch) <= 4
+        assert len(batch) == 1 or len(batch) * max(batch) <= 120
+    assert sum(len(b) for b in recording.batches) == 24
+    assert engine.stats.requests == len(requests) and engine.stats.inputs == 24
+    assert engine.stats.queued == 0
+
+
+def test_a_stopped_engine_refuses(loaded: LoadedEmbeddingModel) -> None:
+    from vllm_mlx.engine.types import EngineUnavailableError
+
+    engine = EmbeddingEngine(loaded)
+    engine.start()
+    engine.stop()
+    with pytest.raises(EngineUnavailableError):
+        asyncio.run(engine.embed([[101, 102]]))
