@@ -33,8 +33,11 @@ def test_idle_status_has_the_seed_fields(shared_daemon: DaemonProcess) -> None:
     assert document["memory"]["peak_gb"] >= document["memory"]["active_gb"]
     # The prefix cache is on by default and empty before the first request.
     assert document["cache"] == {"type": "prefix", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
-    [block] = document["models"]
+    # The default config also serves the bundled embedding model.
+    block, embedding = document["models"]
     assert block["model"] == MODEL and block["status"] == "running"
+    assert block["task"] == "generate" and embedding["task"] == "embed"
+    assert embedding["status"] == "running" and embedding["embedding"]["dimensions"] == 384
     assert Path(document["config"]["path"]).resolve() == shared_daemon.config_path.resolve()
     assert document["config"]["last_error"] is None
 

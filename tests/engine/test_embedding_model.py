@@ -145,3 +145,35 @@ def test_a_stopped_engine_refuses(loaded: LoadedEmbeddingModel) -> None:
     engine.stop()
     with pytest.raises(EngineUnavailableError):
         asyncio.run(engine.embed([[101, 102]]))
+
+
+def test_registry_keeps_swaps_and_stops_embedding_engines(model_cache_dir: Path) -> None:
+    from vllm_mlx.engine.registry import LoadState, ModelRegistry
+    from vllm_mlx.engine.scheduler import SchedulerConfig
+
+    model = ModelSettings(name="minilm", source="builtin:all-minilm-l6-v2", task="embed")
+    registry = ModelRegistry([model], SchedulerConfig())
+
+    def loader(settings: ModelSettings) -> Any:
+        return load_model(settings, model_cache_dir)
+
+    registry.load_all(loader)
+    entry = registry.resolve("minilm")
+    assert entry is not None and entry.state is LoadState.RUNNING
+    first = entry.embedder
+    assert first is not None and entry.engine is None and first.accepting
+    # Aliases hot-reload: the running engine is kept.
+    aliased = model.model_copy(update={"aliases": ["embedder"]})
+    kept = registry.prepare([aliased], SchedulerConfig(), loader)
+    assert kept["minilm"].embedder is first
+    # Pooling is a model key: a new engine, and the old one is handed back to stop.
+    changed = model.model_copy(update={"pooling": "cls"})
+    entries = registry.prepare([changed], SchedulerConfig(), loader)
+    second = entries["minilm"].embedder
+    assert second is not None and second is not first
+    retired = registry.swap(entries, [changed], SchedulerConfig())
+    assert retired == [first]
+    first.stop()
+    assert not first.accepting and second.accepting
+    registry.stop_all()
+    assert not second.accepting
