@@ -177,3 +177,26 @@ def test_registry_keeps_swaps_and_stops_embedding_engines(model_cache_dir: Path)
     assert not first.accepting and second.accepting
     registry.stop_all()
     assert not second.accepting
+
+
+def test_a_small_request_is_not_stuck_behind_a_large_one(
+    loaded: LoadedEmbeddingModel, reference: list[dict[str, Any]]
+) -> None:
+    engine = EmbeddingEngine(replace(loaded, limits=EmbeddingLimits(max_batch_size=4)))
+    large = [item["token_ids"] for item in reference]  # 24 inputs: 6 passes of 4
+    finished: list[str] = []
+
+    async def run(name: str, inputs: list[list[int]]) -> None:
+        await engine.embed(inputs)
+        finished.append(name)
+
+    async def main() -> None:
+        await asyncio.gather(run("large", large), run("small", large[:1]))
+
+    engine.start()
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
+    assert finished == ["small", "large"]
+    assert engine.stats.batches <= 7

@@ -1,9 +1,10 @@
 """The embedding engine: one thread per embedding model, batched padded forward passes.
 
-Requests queue their token lists; the engine thread takes everything queued at that
-moment, sorts it by length (so padding stays small), cuts it into batches bounded by
-a sequence count and a padded-token count, and runs each batch as one forward pass.
-Requests that arrive while a pass runs are batched together in the next one.
+Requests queue their token lists. Before every forward pass the engine thread takes
+whatever has arrived, then fills one batch, bounded by an input count and a padded-token
+count, from the requests with the fewest inputs left first: requests that arrive
+together share a pass, and a small request is not stuck behind a 2048-input one. Each
+request's inputs run shortest first, so a batch holds similar lengths and pads little.
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ class _Job:
     results: list[Any] = field(default_factory=list)
     remaining: int = 0
     cancelled: bool = False
+    # Indices not yet run, longest first: pop() yields the shortest.
+    todo: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.todo = sorted(range(len(self.inputs)), key=lambda i: -len(self.inputs[i]))
 
 
 _STOP = object()
@@ -145,56 +151,56 @@ class EmbeddingEngine:
     # --- the engine thread --------------------------------------------------------------
 
     def _loop(self) -> None:
+        jobs: list[_Job] = []
         while True:
-            first = self._queue.get()
-            jobs = [first]
-            while True:  # everything that arrived together runs together
-                try:
-                    jobs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(job is _STOP for job in jobs)
-            live = [job for job in jobs if isinstance(job, _Job)]
-            if stop:
-                for job in live:
+            arrived = self._take(block=not jobs)
+            if any(item is _STOP for item in arrived):
+                for job in [*jobs, *(a for a in arrived if isinstance(a, _Job))]:
                     job.done(EngineUnavailableError("the embedding engine stopped"))
                 return
-            self._run(live)
+            jobs.extend(arrived)
+            for job in jobs:
+                if job.cancelled:  # timed out or the client left: skip what is left
+                    self.stats.queued -= len(job.todo)
+                    job.todo.clear()
+            jobs = [job for job in jobs if job.todo]
+            if jobs:
+                self._run(self._next_batch(jobs))
 
-    def _run(self, jobs: list[_Job]) -> None:
-        items = [(job, index) for job in jobs for index in range(len(job.inputs))]
-        items.sort(key=lambda item: len(item[0].inputs[item[1]]))
-        for planned in self._batches(items):
-            batch = [(job, index) for job, index in planned if not job.cancelled]
-            self.stats.queued -= len(planned) - len(batch)
-            if not batch:
-                continue
+    def _take(self, block: bool) -> list[Any]:
+        """Everything queued now (waiting for the first item when `block`)."""
+        items = [self._queue.get()] if block else []
+        while True:
             try:
-                vectors = self.loaded.embedder.embed([job.inputs[i] for job, i in batch])
-            except Exception as exc:
-                log.exception("embedding batch failed", model=self.loaded.name)
-                self.stats.queued -= len(batch)
-                for job in {id(job): job for job, _ in batch}.values():
-                    job.cancelled = True
-                    job.done(exc)
-                continue
-            self._deliver(batch, vectors)
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                return items
 
-    def _batches(self, items: list[tuple[_Job, int]]) -> list[list[tuple[_Job, int]]]:
-        """Sorted items cut so each batch stays under both the size and token bounds."""
-        batches: list[list[tuple[_Job, int]]] = []
-        current: list[tuple[_Job, int]] = []
-        for job, index in items:
-            length = len(job.inputs[index])  # sorted, so the longest in `current` so far
-            too_many = len(current) >= self.limits.max_batch_size
-            too_wide = current and (len(current) + 1) * length > self.limits.max_batch_tokens
-            if too_many or too_wide:
-                batches.append(current)
-                current = []
-            current.append((job, index))
-        if current:
-            batches.append(current)
-        return batches
+    def _next_batch(self, jobs: list[_Job]) -> list[tuple[_Job, int]]:
+        """One pass: inputs of the requests with the fewest left first, within both bounds."""
+        batch: list[tuple[_Job, int]] = []
+        widest = 0
+        for job in sorted(jobs, key=lambda j: len(j.todo)):
+            while job.todo:
+                width = max(widest, len(job.inputs[job.todo[-1]]))
+                full = len(batch) >= self.limits.max_batch_size
+                if batch and (full or (len(batch) + 1) * width > self.limits.max_batch_tokens):
+                    return batch
+                batch.append((job, job.todo.pop()))
+                widest = width
+        return batch
+
+    def _run(self, batch: list[tuple[_Job, int]]) -> None:
+        try:
+            vectors = self.loaded.embedder.embed([job.inputs[i] for job, i in batch])
+        except Exception as exc:
+            log.exception("embedding batch failed", model=self.loaded.name)
+            self.stats.queued -= len(batch)
+            for job in {id(job): job for job, _ in batch}.values():
+                job.cancelled = True
+                job.done(exc)
+            return
+        self._deliver(batch, vectors)
 
     def _deliver(self, batch: list[tuple[_Job, int]], vectors: Any) -> None:
         self.stats.batches += 1
