@@ -195,7 +195,8 @@ class ModelSettings(Section):
     context_length: int | None = setting(
         None,
         Reload.MODEL,
-        "Largest prompt + completion in tokens; default: the model's own maximum.",
+        "Largest prompt + completion in tokens (embedding models: the longest input); "
+        "default: the model's own maximum.",
         gt=0,
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16", "quantized"] = setting(
