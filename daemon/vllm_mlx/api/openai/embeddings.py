@@ -145,6 +145,10 @@ def prepare_tokens(
     return tokens
 
 
+def _checked_tokens(engine: EmbeddingEngine, body: EmbeddingRequest) -> list[list[int]]:
+    return prepare_tokens(engine, parse_inputs(body.input), body.truncate)
+
+
 def output_dimensions(target: EmbeddingTarget, wanted: int | None) -> int | None:
     """How many dimensions to keep (None: all), or a 400 when the model cannot cut."""
     native = target.engine.dimensions
@@ -196,9 +200,10 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     state = server_state(request)
     body = await parse_body(request, EmbeddingRequest)
     target = resolve_embedder(state, body.model)
-    inputs = parse_inputs(body.input)
     dimensions = output_dimensions(target, body.dimensions)
-    tokens = await asyncio.to_thread(prepare_tokens, target.engine, inputs, body.truncate)
+    # Checking up to 2048 inputs (or a 10 MB array of token ids) and tokenizing them is
+    # CPU work: off the event loop.
+    tokens = await asyncio.to_thread(_checked_tokens, target.engine, body)
     deadline = started + state.settings.server.timeout
     vectors = await target.engine.embed(tokens, deadline)
     count = sum(len(ids) for ids in tokens)
