@@ -200,3 +200,19 @@ def test_a_small_request_is_not_stuck_behind_a_large_one(
         engine.stop()
     assert finished == ["small", "large"]
     assert engine.stats.batches <= 7
+
+
+def test_the_fast_gelu_is_the_exact_erf_gelu() -> None:
+    import math
+
+    import mlx.core as mx
+
+    from vllm_mlx.models.bert import _fused_gelu, erf_gelu
+
+    xs = np.linspace(-12, 12, 20001, dtype=np.float32)
+    exact = np.array([0.5 * x * (1 + math.erf(x / math.sqrt(2))) for x in xs.astype(float)])
+    for gelu in (erf_gelu, _fused_gelu()):
+        got = np.array(gelu(mx.array(xs)), dtype=np.float64)
+        # Within a few float32 rounding steps (relative; absolute below 1). The worst
+        # case is far out on the negative side: |x| * 0.5 * (erf's 1e-7 error at -4).
+        assert np.max(np.abs(got - exact) / np.maximum(np.abs(exact), 1.0)) < 2e-6
