@@ -21,7 +21,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import DaemonProcess, running
+from tests.conftest import DaemonProcess, StartDaemon, running
 from tests.support.spec import validate_openai
 
 MODEL = "all-minilm-l6-v2"
@@ -280,3 +280,23 @@ def test_listed_everywhere_and_counted(daemon: DaemonProcess, client: openai.Ope
     assert samples[("vllm_mlx_embedding_requests_total", MODEL)] >= 1
     assert samples[("vllm_mlx_embedding_input_tokens_total", MODEL)] >= 2
     assert samples[("vllm_mlx_embedding_request_duration_seconds_count", MODEL)] >= 1
+
+
+def test_keys_rate_limit_and_timeout_apply(start_daemon: StartDaemon) -> None:
+    # Only the embedding model: the daemon is up in seconds. A 1 ms timeout cannot be met
+    # by any forward pass, so every admitted request is a 504.
+    process = start_daemon(
+        {
+            "models": [{"name": MODEL, "source": "builtin:all-minilm-l6-v2", "task": "embed"}],
+            "auth": {"api_keys": ["secret"], "rate_limit": 3},
+            "server": {"timeout": 0.001},
+        }
+    )
+    url = f"{process.base_url}/v1/embeddings"
+    body = {"model": MODEL, "input": TEXTS[:4]}
+    assert httpx.post(url, json=body, timeout=30).status_code == 401
+    headers = {"authorization": "Bearer secret"}
+    statuses = [httpx.post(url, json=body, headers=headers, timeout=30) for _ in range(4)]
+    assert [r.status_code for r in statuses] == [504, 504, 504, 429]
+    assert statuses[0].json()["error"]["code"] == "timeout"
+    assert httpx.get(f"{process.base_url}/health", timeout=30).status_code == 200
