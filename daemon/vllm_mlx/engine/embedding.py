@@ -139,7 +139,6 @@ class EmbeddingEngine:
                 loop.call_soon_threadsafe(settle, outcome)
 
         job = _Job(inputs, done, [None] * len(inputs), len(inputs))
-        self.stats.queued += len(inputs)
         self._queue.put(job)
         try:
             if deadline is None:
@@ -159,6 +158,8 @@ class EmbeddingEngine:
                     job.done(EngineUnavailableError("the embedding engine stopped"))
                 return
             jobs.extend(arrived)
+            # Stats are written by this thread only (read anywhere: plain ints).
+            self.stats.queued += sum(len(job.todo) for job in arrived)
             for job in jobs:
                 if job.cancelled:  # timed out or the client left: skip what is left
                     self.stats.queued -= len(job.todo)
