@@ -40,7 +40,11 @@ def test_edit_swaps_api_key_and_hot_settings_with_same_pid(
         {
             "auth": {"api_keys": ["new-key"]},
             "defaults": {"max_tokens": 2},
-            "models": [{"name": "smollm2-135m-instruct", "source": BUILTIN, "aliases": ["fresh"]}],
+            # Only the chat model's aliases change (hot); the default embedding model stays.
+            "models": [
+                {"name": "smollm2-135m-instruct", "source": BUILTIN, "aliases": ["fresh"]},
+                {"name": "all-minilm-l6-v2", "source": "builtin:all-minilm-l6-v2", "task": "embed"},
+            ],
         },
     )
     poll(lambda: get(daemon, "/v1/models", "new-key") == 200, "the new key to be accepted")
