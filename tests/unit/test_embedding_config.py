@@ -8,7 +8,7 @@ import pytest
 
 from vllm_mlx.cli import _serve_overrides, _with_embedding_model, build_parser
 from vllm_mlx.config import ModelSettings, Settings
-from vllm_mlx.configfile import LoadedConfig, load_config
+from vllm_mlx.configfile import ConfigError, LoadedConfig, load_config
 from vllm_mlx.models.embedding import (
     EmbeddingModelError,
     check_embedding_dir,
@@ -54,10 +54,12 @@ def test_embedding_model_flag_is_idempotent_with_the_defaults() -> None:
     assert [m.name for m in settings.models] == ["smollm2-135m-instruct", "all-minilm-l6-v2"]
 
 
-def test_embedding_model_flag_with_a_bad_source_exits(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
+def test_embedding_model_flag_with_a_bad_source_names_the_flag() -> None:
+    with pytest.raises(ConfigError) as raised:
         serve(["builtin:smollm2-135m-instruct", "--embedding-model", "/nope/model"])
-    assert "--embedding-model" in capsys.readouterr().err
+    (issue,) = raised.value.issues
+    assert issue.origin == "command line (--embedding-model)"
+    assert issue.key_path.startswith("models[1]") and "does not exist" in issue.message
 
 
 def test_task_must_be_known() -> None:

@@ -113,7 +113,12 @@ def check_source(source: str) -> None:
 
     parsed = classify_source(source)
     if parsed.kind is SourceKind.BUILTIN:
-        read_gguf_header(builtin_path(parsed.value))
+        path = builtin_path(parsed.value)
+        # A builtin is a GGUF file or, for the embedding model, a model folder.
+        if path.is_dir():
+            _check_model_dir(path)
+        else:
+            read_gguf_header(path)
     elif parsed.kind is SourceKind.GGUF_FILE:
         read_gguf_header(parsed.path)
     elif parsed.kind is SourceKind.LOCAL_DIR:
