@@ -13,6 +13,7 @@ from vllm_mlx.api.anthropic.routes import make_anthropic_router
 from vllm_mlx.api.auth import is_api_path, protocol_of
 from vllm_mlx.api.boundary import route_path
 from vllm_mlx.api.errors import APIError
+from vllm_mlx.api.mcp_routes import make_mcp_router
 from vllm_mlx.api.openai.routes import make_openai_router
 from vllm_mlx.api.ops import health, install_ops, metrics, status
 from vllm_mlx.api.state import ServerState
@@ -45,7 +46,14 @@ def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[An
 
 def create_app(state: ServerState) -> Litestar:
     app = Litestar(
-        route_handlers=[health, metrics, status, make_openai_router(), make_anthropic_router()],
+        route_handlers=[
+            health,
+            metrics,
+            status,
+            make_openai_router(),
+            make_anthropic_router(),
+            make_mcp_router(),
+        ],
         state=State({"server": state}),
         exception_handlers={Exception: _plain_error},
         logging_config=None,

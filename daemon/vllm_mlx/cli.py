@@ -61,6 +61,9 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             section, key = key_path.split(".")
             result.setdefault(section, {})[key] = value
+    if args.mcp_config:
+        mcp_file = os.path.abspath(Path(args.mcp_config).expanduser())
+        result.setdefault("mcp", {})["config_file"] = mcp_file
     if args.model:
         name = args.served_model_name or Path(args.model.rstrip("/")).name.removesuffix(".gguf")
         if args.model.startswith("builtin:"):
@@ -196,6 +199,10 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics at /metrics",
     )
     parser.add_argument(
+        "--mcp-config",
+        help="JSON file of MCP servers (the seed's shape or `mcpServers`); see docs/mcp.md",
+    )
+    parser.add_argument(
         "--continuous-batching",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -212,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("path", nargs="?", help="the file (default: the one serve would use)")
     check.add_argument("--print", action="store_true", help="print the effective merged config")
+    check.add_argument("--mcp-config", help="also check this JSON file of MCP servers")
     models = commands.add_parser(
         "models", help="list configured models and their local directories"
     )
@@ -334,7 +342,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    loaded = _load(args.path)
+    mcp_file = args.mcp_config and os.path.abspath(Path(args.mcp_config).expanduser())
+    loaded = _load(args.path, {"mcp": {"config_file": mcp_file}} if mcp_file else None)
     where = str(loaded.path) if loaded.path else "built-in defaults (no config file found)"
     for warning in loaded.warnings:
         print(f"warning: {warning}", file=sys.stderr)

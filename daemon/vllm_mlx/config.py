@@ -90,6 +90,10 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The mcp section lives beside the MCP code; it builds on the types above.
+from vllm_mlx.mcp.settings import McpSettings  # noqa: E402
+
+
 class ServerSettings(Section):
     host: str = setting(
         "127.0.0.1", Reload.RESTART, "IP address to listen on (`0.0.0.0` or `::`: every one)."
@@ -221,6 +225,13 @@ class ModelSettings(Section):
     )
     reasoning_parser: str | None = setting(
         None, Reload.HOT, "Reasoning format of this model: `qwen3` or `deepseek_r1`."
+    )
+    mcp_tools: Literal["none", "offer", "execute"] = setting(
+        "none",
+        Reload.HOT,
+        "MCP tools in chat and messages requests: `offer` adds the allowed MCP tools to the "
+        "tools a request offers (the request's own win on a name clash); `execute` also "
+        "runs the model's MCP tool calls in the daemon and generates again (docs/mcp.md).",
     )
 
     @field_validator("source")
@@ -455,6 +466,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = setting(MetricsSettings(), Reload.HOT, "Prometheus metrics.")
     logging: LoggingSettings = setting(LoggingSettings(), Reload.HOT, "Log level and format.")
     paths: PathsSettings = setting(PathsSettings(), Reload.MODEL, "Where files are kept.")
+    mcp: McpSettings = setting(McpSettings(), Reload.HOT, "MCP servers whose tools models use.")
 
     @field_validator("models")
     @classmethod

@@ -326,6 +326,10 @@ def load_config(
         raise ConfigError(_env_json_issues(exc)) from exc
     finally:
         current_file_data.reset(token)
+    if settings.mcp.config_file is not None:
+        from vllm_mlx.mcp.jsonfile import with_mcp_file
+
+        settings = with_mcp_file(settings, path.parent if path else Path.cwd())
     return LoadedConfig(settings, path, _secret_warnings(path, data))
 
 

@@ -100,6 +100,7 @@ class Daemon:
         )
         self.config_warnings = loaded.warnings
         self.exit_code = 0
+        self.reloader.add_listener(self._apply_mcp)
         self.listeners: list[Listener] = []
         self.pid_file: Path | None = None
         self._stopping = False
@@ -137,6 +138,10 @@ class Daemon:
         listener = Listener(server, asyncio.create_task(server.serve()), tag)
         self.listeners.append(listener)
         return listener
+
+    def _apply_mcp(self, previous: Settings, current: Settings) -> None:
+        if previous.mcp != current.mcp:
+            self.state.mcp.apply(current.mcp)
 
     # --- signals ---------------------------------------------------------------------
 
@@ -307,6 +312,7 @@ class Daemon:
             model_loader(settings), lambda: self._notify_settled(loop)
         )
         self._listen(settings)
+        self.state.mcp.apply(settings.mcp)  # servers connect in the background
         self.pid_file = write_pid_file(settings.resolved_cache_dir(), settings.server.port)
         stop_watching = asyncio.Event()
         if self.watch_path is not None:
@@ -326,6 +332,7 @@ class Daemon:
             self.exit_code = 1
         finally:
             stop_watching.set()
+            await self.state.mcp.close()
             self._stop_engines()
             remove_pid_file(self.pid_file)
             log.info("stopped", exit_code=self.exit_code)

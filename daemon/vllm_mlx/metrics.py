@@ -48,6 +48,7 @@ HTTP_LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
     300.0, 600.0,
 )  # fmt: skip
+MCP_CALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # vLLM sizes token-count buckets by max_model_len; models load after the registry is
 # built, so the largest configured context (or this) bounds them instead.
 DEFAULT_TOKEN_BUCKET_MAX = 131072
@@ -243,6 +244,17 @@ class Metrics:
         self.config_reloads = c(
             "vllm_mlx_config_reloads", "Config file reloads, by result.", ("result",)
         )
+        self.mcp_calls = c(
+            "vllm_mlx_mcp_tool_calls",
+            "MCP tool calls, by server, tool and outcome (ok, tool_error, timeout, unavailable).",
+            ("server", "tool", "outcome"),
+        )
+        self.mcp_latency = self._histogram(
+            "vllm_mlx_mcp_tool_call_duration_seconds",
+            "Time one MCP tool call took, by server.",
+            MCP_CALL_BUCKETS,
+            ("server",),
+        )
         for reason in ("missing", "invalid"):
             self.unauthorized.labels(reason)
         for result in ("success", "failure"):
@@ -301,6 +313,10 @@ class Metrics:
     def http_request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http_requests.labels(route, method, f"{status // 100}xx").inc()
         self.http_latency.labels(route, method).observe(seconds)
+
+    def mcp_call(self, server: str, tool: str, outcome: str, seconds: float) -> None:
+        self.mcp_calls.labels(server, tool, outcome).inc()
+        self.mcp_latency.labels(server).observe(seconds)
 
     def config_reloaded(self, success: bool) -> None:
         self.config_reloads.labels("success" if success else "failure").inc()

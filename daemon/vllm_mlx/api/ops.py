@@ -55,14 +55,23 @@ def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
         }
         for e in registry.entries()
     ]
+    # MCP servers are reported, never counted against health: the models still serve.
+    mcp = {"mcp": _mcp_health(state)} if state.mcp.servers else {}
     if state.draining:
-        return Response({"status": "draining", "models": models}, status_code=503)
+        return Response({"status": "draining", "models": models, **mcp}, status_code=503)
     if not registry.settled:
-        return Response({"status": "loading", "models": models}, status_code=503)
+        return Response({"status": "loading", "models": models, **mcp}, status_code=503)
     if not registry.ready:
-        return Response({"status": "failed", "models": models}, status_code=503)
+        return Response({"status": "failed", "models": models, **mcp}, status_code=503)
     word = "degraded" if registry.failed() else "ok"
-    return Response({"status": word, "models": models}, status_code=200)
+    return Response({"status": word, "models": models, **mcp}, status_code=200)
+
+
+def _mcp_health(state: ServerState) -> list[dict[str, Any]]:
+    return [
+        {"name": s["name"], "state": s["state"], **({"error": s["error"]} if s["error"] else {})}
+        for s in state.mcp.status()
+    ]
 
 
 @get("/metrics", sync_to_thread=False)
@@ -192,6 +201,7 @@ def status_document(state: ServerState) -> dict[str, Any]:
     document["requests"] = [r for b in blocks for r in b["requests"]]
     document["models"] = blocks
     document["config"] = state.config_status()
+    document["mcp"] = {"servers": state.mcp.status()}
     return document
 
 

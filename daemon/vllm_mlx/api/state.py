@@ -9,6 +9,7 @@ from typing import Any
 
 from vllm_mlx.config import Settings
 from vllm_mlx.engine.registry import ModelRegistry
+from vllm_mlx.mcp.manager import McpManager
 from vllm_mlx.metrics import Metrics
 
 
@@ -25,6 +26,11 @@ class ServerState:
     pending_changes: list[str] = field(default_factory=list)  # need a reload (SIGHUP)
     # Each daemon's own registry: counters survive hot reloads, tests get fresh ones.
     metrics: Metrics = field(default_factory=Metrics)
+    # MCP servers; the daemon applies `settings.mcp` to it at start and on every reload.
+    mcp: McpManager = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mcp = McpManager(self.metrics)
 
     def config_status(self) -> dict[str, Any]:
         """The config block of /v1/status."""
