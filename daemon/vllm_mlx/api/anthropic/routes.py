@@ -17,6 +17,7 @@ from litestar import Request, Response, Router, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
+from vllm_mlx.api import mcp_chat
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.anthropic.stream import PING_EVERY_S, Event, MessageBuilder, with_keepalive
@@ -143,7 +144,9 @@ async def _complete(
 @post("/messages", status_code=200)
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, MessagesRequest)
-    target = resolve_target(server_state(request), body.model)
+    state = server_state(request)
+    target = resolve_target(state, body.model)
+    body = mcp_chat.attach_messages(state.mcp, target, body)  # mcp_tools: offer / execute
     prompt = convert.build_prompt(body)
     tokens = await prompt_tokens(target, convert.prompt_tokens, target.engine.tokenizer, prompt)
     sampling = sampling_params(
@@ -166,7 +169,9 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
 async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     """Exactly the prompt tokens /v1/messages would charge for the same request."""
     body = await parse_body(request, CountTokensRequest)
-    target = resolve_target(server_state(request), body.model)
+    state = server_state(request)
+    target = resolve_target(state, body.model)
+    body = mcp_chat.attach_messages(state.mcp, target, body)
     prompt = convert.build_prompt(body)
     tokens = await prompt_tokens(target, convert.prompt_tokens, target.engine.tokenizer, prompt)
     return {"input_tokens": len(tokens)}

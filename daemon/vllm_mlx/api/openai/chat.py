@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from vllm_mlx.api import mcp_chat
 from vllm_mlx.api.common import parse_body, server_state
 from vllm_mlx.api.errors import APIError, to_api_error
 from vllm_mlx.api.generation import (
@@ -39,7 +40,27 @@ ROUTE = "/v1/chat/completions"
 @post("/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, ChatCompletionRequest)
-    target = resolve_target(server_state(request), body.model)
+    state = server_state(request)
+    target = resolve_target(state, body.model)
+    # mcp_tools (per model): MCP tools join the offer; `execute` runs them here.
+    body, mcp_loop = mcp_chat.attach(state.mcp, target, body)
+    if mcp_loop is not None:
+        return await mcp_loop.respond(body, _prepare, _complete)
+    gen, parser, max_calls = await _prepare(target, body)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _limit_calls(run_parsed(target, gen, ROUTE, parser), max_calls)
+        return Stream(
+            _stream(target, gen, body.model, events, include_usage),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    return Response(await _complete(target, gen, body.model, parser, max_calls))
+
+
+async def _prepare(
+    target: Target, body: ChatCompletionRequest
+) -> tuple[GenerationRequest, OutputParser | None, int | None]:
     kwargs = convert.template_kwargs(body, target.settings.server.allow_client_chat_templates)
     prompt = await prompt_tokens(
         target, convert.chat_prompt_tokens, target.engine.tokenizer, body, kwargs
@@ -56,15 +77,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     parser = output_parser_for(target, gen, convert.tool_specs(convert.offered_tools(body)))
     # parallel_tool_calls: false keeps the first call only.
     max_calls = 1 if body.parallel_tool_calls is False else None
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _limit_calls(run_parsed(target, gen, ROUTE, parser), max_calls)
-        return Stream(
-            _stream(target, gen, body.model, events, include_usage),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
-    return Response(await _complete(target, gen, body.model, parser, max_calls))
+    return gen, parser, max_calls
 
 
 async def _limit_calls(
