@@ -21,7 +21,7 @@ CALLS = {"count": 0}
 
 
 def build(name: str) -> MCPServer:
-    server = MCPServer(name)
+    server = MCPServer(name, log_level="WARNING")
 
     @server.tool(description="Add two numbers.")
     def add(a: float, b: float) -> str:
