@@ -46,8 +46,8 @@ class McpServerSettings(Section):
     timeout: float = setting(
         30.0,
         Reload.HOT,
-        "Seconds connecting may take, and one tool call; a call past it ends as a tool "
-        "error (`is_error`).",
+        "Seconds one tool call may take (connecting gets at least 30); a call past it "
+        "ends as a tool error (`is_error`).",
         gt=0,
         le=3600,
     )

@@ -27,6 +27,9 @@ BACKOFF_MAX_S = 30.0
 # a call that finds the connection closed triggers a reconnect at once.
 PROBE_EVERY_S = 15.0
 STOP_GRACE_S = 5.0
+# Starting a server (a Python or npx process on a busy machine) can take far longer
+# than a short per-call timeout allows.
+CONNECT_MIN_S = 30.0
 
 
 class ServerState(enum.StrEnum):
@@ -180,15 +183,16 @@ class ServerSupervisor:
 
         task = asyncio.create_task(hold())
         waiter = asyncio.create_task(ready.wait())
+        limit = max(self.settings.timeout, CONNECT_MIN_S)
         done, _ = await asyncio.wait(
-            {task, waiter}, timeout=self.settings.timeout, return_when=asyncio.FIRST_COMPLETED
+            {task, waiter}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
         )
         waiter.cancel()
         if not done:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-            raise TimeoutError(f"no answer within {self.settings.timeout:g}s")
+            raise TimeoutError(f"no answer within {limit:g}s")
         if ready.is_set():
             self.connects += 1
             self.connected_at = time.time()
