@@ -19,7 +19,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DaemonProcess, free_port, running
-from tests.support.mcp_helpers import REPLAY_MCP_CALL, all_ready, http_server, stdio_server, wait_for
+from tests.support.mcp_helpers import (
+    REPLAY_MCP_CALL,
+    all_ready,
+    http_server,
+    stdio_server,
+    wait_for,
+)
 
 KEY = "mcp-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -213,7 +219,9 @@ def test_offer_adds_mcp_tools_to_a_messages_request(daemon: DaemonProcess) -> No
 
 def test_execute_runs_mcp_calls_until_max_tool_rounds(client: openai.OpenAI) -> None:
     # The replay calls demo__add every time: two rounds run, the third call comes back.
-    raw = client.chat.completions.with_raw_response.create(model="exec", messages=ASK, max_tokens=60)
+    raw = client.chat.completions.with_raw_response.create(
+        model="exec", messages=ASK, max_tokens=60
+    )
     body = json.loads(raw.text)
     ran = body["mcp_tool_calls"]
     assert [(r["round"], r["name"], r["content"], r["is_error"]) for r in ran] == [
@@ -271,7 +279,10 @@ def test_execute_stream_reads_with_the_openai_sdk(client: openai.OpenAI) -> None
 def test_client_tools_win_a_name_clash_and_are_never_executed(client: openai.OpenAI) -> None:
     own = {"type": "function", "function": {"name": "demo__add", "parameters": {}}}
     raw = client.chat.completions.with_raw_response.create(
-        model="exec", messages=ASK, tools=[own], max_tokens=60  # type: ignore[list-item]
+        model="exec",
+        messages=ASK,
+        tools=[own],
+        max_tokens=60,  # type: ignore[list-item]
     )
     body = json.loads(raw.text)
     assert "mcp_tool_calls" not in body
@@ -288,8 +299,10 @@ def test_a_crashed_server_is_reconnected(daemon: DaemonProcess) -> None:
     assert response.json()["error"]["code"] == "mcp_server_unavailable"
     seen = wait_for(
         daemon.base_url,
-        lambda s: s["crashy"]["state"] == "ready"
-        and s["crashy"]["connects"] > before["crashy"]["connects"],
+        lambda s: (
+            s["crashy"]["state"] == "ready"
+            and s["crashy"]["connects"] > before["crashy"]["connects"]
+        ),
         "crashy reconnected",
         AUTH,
     )
