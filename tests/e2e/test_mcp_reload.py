@@ -14,6 +14,8 @@ import yaml
 from tests.conftest import StartDaemon
 from tests.support.mcp_helpers import SERVER_SCRIPT, all_ready, stdio_server, wait_for
 
+FS_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "mcp_fs_server.py"
+
 
 def _save_mcp(config_path: Path, mcp: dict[str, object]) -> None:
     """Rewrite the `mcp` section the way editors save: a new file renamed over the old."""
@@ -34,11 +36,23 @@ def test_seed_json_servers_and_hot_reload(start_daemon: StartDaemon, tmp_path: P
         },
         "max_tool_calls": 3,
     }))  # fmt: skip
-    daemon = start_daemon({"mcp": {"servers": {"first": stdio_server()}}},
+    served = tmp_path / "served"
+    (served / "notes").mkdir(parents=True)
+    (served / "notes" / "todo.md").write_text("- write the MCP docs\n")
+    # docs/mcp.md's filesystem example, as the docs configure it.
+    files = {"command": sys.executable, "args": [str(FS_EXAMPLE), str(served)]}
+    daemon = start_daemon({"mcp": {"servers": {"first": files}}},
                           args=["--mcp-config", str(seed)])  # fmt: skip
     url = daemon.base_url
     seen = wait_for(url, all_ready({"first", "seeded"}), "first and seeded ready")
     assert seen["seeded"]["tools"] == 6
+    assert seen["first"]["tools"] == 3
+    read = {"tool_name": "first__read_file", "arguments": {"path": "notes/todo.md"}}
+    body = httpx.post(f"{url}/v1/mcp/execute", json=read, timeout=30).json()
+    assert body["content"][0]["text"] == "- write the MCP docs\n"
+    escape = {"tool_name": "first__read_file", "arguments": {"path": "../mcp.json"}}
+    body = httpx.post(f"{url}/v1/mcp/execute", json=escape, timeout=30).json()
+    assert body["is_error"] is True and "outside" in body["content"][0]["text"]
     response = httpx.post(f"{url}/v1/mcp/execute", json={"tool_name": "seeded__echo",
                           "arguments": {"text": "from the seed's file"}}, timeout=30)  # fmt: skip
     assert response.json()["content"][0]["text"] == "from the seed's file"
