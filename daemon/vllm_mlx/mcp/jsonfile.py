@@ -38,7 +38,7 @@ class _File:
         self.positions = _Positions()
 
     def issue(self, key: KeyPath, message: str) -> ConfigIssue:
-        where = self.positions.locate(key)
+        where = self.positions.locate(key) or ((1, 1) if not key else None)
         line, column = where if where else (None, None)
         return ConfigIssue(format_key_path(key), message, str(self.path), line, column)
 
