@@ -266,6 +266,11 @@ class ModelSettings(Section):
     def _auto_tool_choice_needs_parser(self) -> ModelSettings:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("enable_auto_tool_choice needs tool_call_parser (e.g. `auto`)")
+        if self.mcp_tools != "none" and not self.enable_auto_tool_choice:
+            raise ValueError(
+                f"mcp_tools: {self.mcp_tools} needs enable_auto_tool_choice and a "
+                "tool_call_parser (the model's calls must be parsed to reach MCP servers)"
+            )
         return self
 
 

@@ -163,3 +163,15 @@ def test_check_config_validates_the_mcp_file(
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["mcp"]["servers"]["web"]["url"] == "http://h/sse"
     assert printed["mcp"]["max_tool_rounds"] == 2
+
+
+def test_mcp_tools_needs_parsed_tool_calls(tmp_path: Path) -> None:
+    path = tmp_path / "vllm-mlx.yaml"
+    model = {"name": "m", "source": "builtin:smollm2-135m-instruct", "mcp_tools": "execute"}
+    path.write_text(yaml.safe_dump({"models": [model]}))
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert "needs enable_auto_tool_choice" in _issues(exc)[0]
+    model |= {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+    path.write_text(yaml.safe_dump({"models": [model]}))
+    assert load_config(path).settings.models[0].mcp_tools == "execute"
