@@ -217,6 +217,19 @@ def test_offer_adds_mcp_tools_to_a_messages_request(daemon: DaemonProcess) -> No
     assert message.stop_reason == "tool_use"
 
 
+def test_execute_on_messages_runs_the_loop_too(daemon: DaemonProcess) -> None:
+    client = anthropic.Anthropic(base_url=daemon.base_url, api_key=KEY, max_retries=0)
+    raw = client.messages.with_raw_response.create(
+        model="exec", max_tokens=60, messages=[{"role": "user", "content": "What is 2 + 3?"}]
+    )
+    body = json.loads(raw.http_response.text)
+    ran = [(r["round"], r["name"], r["input"], r["content"]) for r in body["mcp_tool_calls"]]
+    assert ran == [(n, "demo__add", {"a": 2, "b": 3}, "5") for n in (1, 2)]
+    assert body["stop_reason"] == "tool_use"  # max_tool_rounds: the third call comes back
+    message = raw.parse()  # still a valid Anthropic message for the SDK
+    assert [b.type for b in message.content] == ["text", "tool_use"]
+
+
 def test_execute_runs_mcp_calls_until_max_tool_rounds(client: openai.OpenAI) -> None:
     # The replay calls demo__add every time: two rounds run, the third call comes back.
     raw = client.chat.completions.with_raw_response.create(

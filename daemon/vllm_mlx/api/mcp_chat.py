@@ -16,13 +16,11 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from litestar import Response
 from litestar.response import Stream
 
-from vllm_mlx.api.anthropic.schema import PromptFields
-from vllm_mlx.api.anthropic.schema import Tool as AnthropicTool
 from vllm_mlx.api.errors import APIError, to_api_error
 from vllm_mlx.api.generation import Target, model_settings_of, run_parsed
 from vllm_mlx.api.openai import convert
@@ -52,7 +50,6 @@ Prepare = Callable[[Target, ChatCompletionRequest], Awaitable[Prepared]]
 Complete = Callable[
     [Target, GenerationRequest, str, OutputParser | None, int | None], Awaitable[dict[str, Any]]
 ]
-P = TypeVar("P", bound=PromptFields)
 Call = tuple[str, str, str]  # id, name, arguments (JSON text)
 
 
@@ -260,18 +257,3 @@ class _Round:
         if event.name in servers:
             delta["tool_calls"][0]["mcp"] = {"server": servers[event.name]}
         return delta
-
-
-def attach_messages(mcp: McpManager, target: Target, body: P) -> P:
-    """/v1/messages: the request with MCP tools added (`offer` and `execute` alike; the
-    server-side loop runs on chat completions only)."""
-    if body.tool_choice is not None and body.tool_choice.type == "none":
-        return body
-    client = {tool.name for tool in body.tools or []}
-    extra = [
-        AnthropicTool(name=t.full_name, description=t.description, input_schema=t.input_schema)
-        for t in offered_mcp_tools(mcp, target, client)
-    ]
-    if not extra:
-        return body
-    return body.model_copy(update={"tools": [*(body.tools or []), *extra]})

@@ -17,7 +17,7 @@ from litestar import Request, Response, Router, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
-from vllm_mlx.api import mcp_chat
+from vllm_mlx.api import mcp_messages
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.anthropic.stream import PING_EVERY_S, Event, MessageBuilder, with_keepalive
@@ -141,12 +141,9 @@ async def _complete(
     return builder.message(finished)
 
 
-@post("/messages", status_code=200)
-async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = await parse_body(request, MessagesRequest)
-    state = server_state(request)
-    target = resolve_target(state, body.model)
-    body = mcp_chat.attach_messages(state.mcp, target, body)  # mcp_tools: offer / execute
+def _prepare(
+    target: Target, body: MessagesRequest
+) -> tuple[GenerationRequest, convert.ChatPrompt, MessageBuilder]:
     prompt = convert.build_prompt(body)
     tokens = await prompt_tokens(target, convert.prompt_tokens, target.engine.tokenizer, prompt)
     sampling = sampling_params(
@@ -155,7 +152,22 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     gen = build_request(
         target, f"msg_{uuid.uuid4().hex[:24]}", tokens, body.max_tokens, sampling, body.stop_tuple()
     )
-    builder = MessageBuilder(gen.request_id, body.model, len(tokens))
+    return gen, prompt, MessageBuilder(gen.request_id, body.model, len(tokens))
+
+
+async def _one_message(target: Target, body: MessagesRequest) -> dict[str, Any]:
+    return await _complete(target, *_prepare(target, body))
+
+
+@post("/messages", status_code=200)
+async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
+    body = await parse_body(request, MessagesRequest)
+    state = server_state(request)
+    target = resolve_target(state, body.model)
+    body, mcp_loop = mcp_messages.attach(state.mcp, target, body)  # mcp_tools (per model)
+    if mcp_loop is not None and not body.stream:
+        return Response(await mcp_loop.complete(body, lambda b: _one_message(target, b)))
+    gen, prompt, builder = _prepare(target, body)
     if body.stream:
         return Stream(
             _stream(target, gen, prompt, builder),
@@ -171,7 +183,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     body = await parse_body(request, CountTokensRequest)
     state = server_state(request)
     target = resolve_target(state, body.model)
-    body = mcp_chat.attach_messages(state.mcp, target, body)
+    body, _ = mcp_messages.attach(state.mcp, target, body)
     prompt = convert.build_prompt(body)
     tokens = await prompt_tokens(target, convert.prompt_tokens, target.engine.tokenizer, prompt)
     return {"input_tokens": len(tokens)}
