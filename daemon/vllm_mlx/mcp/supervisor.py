@@ -108,8 +108,11 @@ class ServerSupervisor:
         self._stop.set()
         self._wake.set()
         if self._task is not None:
+            # A ready session closes cleanly (the SDK ends the server); one still
+            # connecting or waiting to retry has nothing to close: cancel it at once.
+            grace = STOP_GRACE_S if self.state is ServerState.READY else 0
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), STOP_GRACE_S)
+                await asyncio.wait_for(asyncio.shield(self._task), grace)
             except (TimeoutError, Exception):
                 self._task.cancel()
                 with contextlib.suppress(BaseException):
@@ -182,16 +185,29 @@ class ServerSupervisor:
                         await self._list_tools(client)  # raises when the server is gone
 
         task = asyncio.create_task(hold())
+        try:
+            await self._until_ready(task, ready, client)
+            await task
+        finally:
+            # Cancelled (daemon stop) or timed out: the session task goes too, and with
+            # it the server process; never an orphan.
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _until_ready(
+        self, task: asyncio.Task[None], ready: asyncio.Event, client: Any
+    ) -> None:
         waiter = asyncio.create_task(ready.wait())
         limit = max(self.settings.timeout, CONNECT_MIN_S)
-        done, _ = await asyncio.wait(
-            {task, waiter}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
-        )
-        waiter.cancel()
+        try:
+            done, _ = await asyncio.wait(
+                {task, waiter}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            waiter.cancel()
         if not done:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
             raise TimeoutError(f"no answer within {limit:g}s")
         if ready.is_set():
             self.connects += 1
@@ -199,7 +215,6 @@ class ServerSupervisor:
             self._client = client
             self._set(ServerState.READY)
             log.info("mcp server ready", server=self.name, tools=len(self.tools))
-        await task
 
     async def _list_tools(self, client: Any) -> None:
         tools: list[McpTool] = []
