@@ -8,6 +8,8 @@ Generation uses the test-only `replay:` source, forced to call `demo__add` (2 + 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +18,13 @@ import anthropic
 import httpx
 import openai
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DaemonProcess, free_port, running
 from tests.support.mcp_helpers import (
     REPLAY_MCP_CALL,
+    SERVER_SCRIPT,
     all_ready,
     http_server,
     stdio_server,
@@ -39,13 +43,40 @@ CLIENT_TOOL = {
     "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
 }
 ASK = [{"role": "user", "content": "What is 2 + 3?"}]
-SERVERS = {"demo", "crashy", "web"}
+SERVERS = {"demo", "crashy", "web", "files", "seeded"}
+FS_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "mcp_fs_server.py"
+TODO = "- write the MCP docs\n"
+
+
+def _seed_file(directory: Path) -> Path:
+    """A `--mcp-config` file in the seed's own JSON shape."""
+    path = directory / "mcp.json"
+    path.write_text(json.dumps({
+        "servers": {
+            "seeded": {"transport": "stdio", "command": sys.executable,
+                       "args": [str(SERVER_SCRIPT)], "enabled": True, "timeout": 20,
+                       "skip_security_validation": False},
+        },
+        "max_tool_calls": 9,  # the YAML's max_tool_rounds wins
+    }))  # fmt: skip
+    return path
+
+
+def _served_dir(directory: Path) -> Path:
+    served = directory / "served"
+    (served / "notes").mkdir(parents=True)
+    (served / "notes" / "todo.md").write_text(TODO)
+    return served
 
 
 @pytest.fixture(scope="module")
 def daemon(
     tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
 ) -> Iterator[DaemonProcess]:
+    directory = tmp_path_factory.mktemp("mcp")
+    # docs/mcp.md's filesystem example, as the docs configure it.
+    files = {"command": sys.executable, "args": [str(FS_EXAMPLE), str(_served_dir(directory))]}
+    args = ["--mcp-config", str(_seed_file(directory))]
     with http_server(free_port()) as url:
         config = {
             "models": [
@@ -65,10 +96,11 @@ def daemon(
                         "allowed_tools": ["echo", "add"],
                         "denied_tools": ["add"],
                     },
+                    "files": files,
                 },
             },
         }
-        with running(tmp_path_factory.mktemp("mcp"), model_cache_dir, config) as process:
+        with running(directory, model_cache_dir, config, args) as process:
             wait_for(process.base_url, all_ready(SERVERS), "all ready", AUTH)
             yield process
 
@@ -93,7 +125,9 @@ def tool_names(daemon: DaemonProcess) -> dict[str, Any]:
 
 def test_servers_listed_with_state_and_tool_count(daemon: DaemonProcess) -> None:
     seen = wait_for(daemon.base_url, all_ready(SERVERS), "all ready", AUTH)
-    assert {name: s["tools"] for name, s in seen.items()} == {"demo": 5, "crashy": 2, "web": 1}
+    assert {name: s["tools"] for name, s in seen.items()} == {
+        "demo": 5, "crashy": 2, "web": 1, "files": 3, "seeded": 6,
+    }  # fmt: skip
     assert seen["web"]["transport"] == "streamable_http"
     assert all(s["error"] is None for s in seen.values())
 
@@ -106,7 +140,9 @@ def test_endpoints_need_the_api_key(daemon: DaemonProcess) -> None:
 
 
 def test_tools_in_openai_format_with_allow_and_deny_lists(daemon: DaemonProcess) -> None:
-    tools = tool_names(daemon)
+    tools = {
+        n: t for n, t in tool_names(daemon).items() if n.split("__")[0] in ("demo", "crashy", "web")
+    }
     assert set(tools) == {
         "demo__add", "demo__echo", "demo__fail", "demo__sleep", "demo__calls",
         "crashy__crash", "crashy__calls", "web__echo",
@@ -189,6 +225,25 @@ def test_status_health_and_metrics_show_mcp(daemon: DaemonProcess) -> None:
     assert samples[ok] >= 1
     assert samples[failed] >= 1
     assert samples[("vllm_mlx_mcp_tool_call_duration_seconds_count", (("server", "demo"),))] >= 2
+
+
+def test_seed_json_file_servers(daemon: DaemonProcess) -> None:
+    response = execute(daemon, {"tool_name": "seeded__echo", "arguments": {"text": "seed"}})
+    assert response.json()["content"][0]["text"] == "seed"
+
+
+def test_the_filesystem_example_from_the_docs(daemon: DaemonProcess) -> None:
+    read = execute(
+        daemon, {"tool_name": "files__read_file", "arguments": {"path": "notes/todo.md"}}
+    )
+    assert read.json()["content"] == [{"type": "text", "text": TODO}]
+    found = execute(daemon, {"tool_name": "files__search_files", "arguments": {"pattern": "*.md"}})
+    assert found.json()["content"][0]["text"] == "notes/todo.md"
+    escape = execute(
+        daemon, {"tool_name": "files__read_file", "arguments": {"path": "../mcp.json"}}
+    )
+    assert escape.json()["is_error"] is True
+    assert "outside the served directory" in escape.json()["content"][0]["text"]
 
 
 # --- generation ------------------------------------------------------------------------
@@ -322,3 +377,45 @@ def test_a_crashed_server_is_reconnected(daemon: DaemonProcess) -> None:
     assert seen["demo"]["state"] == "ready"  # the others never noticed
     fresh = execute(daemon, {"tool_name": "crashy__calls"}).json()
     assert fresh["content"][0]["text"] == "0"  # a new process
+
+
+# --- hot reload (last: it replaces the servers) ----------------------------------------
+
+
+def _save_servers(daemon: DaemonProcess, servers: dict[str, Any]) -> None:
+    """Rewrite mcp.servers the way editors save: a new file renamed over the old."""
+    settings = yaml.safe_load(daemon.config_path.read_text())
+    settings["mcp"]["servers"] = servers
+    scratch = daemon.config_path.with_suffix(".tmp")
+    scratch.write_text(yaml.safe_dump(settings, sort_keys=False))
+    os.replace(scratch, daemon.config_path)
+
+
+def test_hot_reload_adds_changes_and_removes_servers(daemon: DaemonProcess, tmp_path: Path) -> None:
+    url = daemon.base_url
+    _save_servers(daemon, {"second": stdio_server(allowed_tools=["echo"])})
+    gone = {"demo", "crashy", "web", "files"}
+    seen = wait_for(url, lambda s: not gone & set(s) and all_ready({"second", "seeded"})(s),
+                    "the old servers removed, second added", AUTH)  # fmt: skip
+    assert seen["second"]["tools"] == 1  # the seed's file still counts
+    names = set(tool_names(daemon))
+    assert "second__echo" in names and not any(n.startswith("demo__") for n in names)
+
+    # A changed server restarts with its new settings.
+    _save_servers(daemon, {"second": stdio_server(allowed_tools=["add"])})
+    wait_for(url, lambda s: all_ready({"second"})(s) and "second__add" in tool_names(daemon),
+             "second restarted with add", AUTH)  # fmt: skip
+
+    # One that cannot start is an error state, never a daemon failure.
+    _save_servers(daemon, {"broken": {"command": str(tmp_path / "nope")}})
+    seen = wait_for(url, lambda s: s.get("broken", {}).get("state") == "error", "broken", AUTH)
+    assert seen["broken"]["error"]
+    assert seen["seeded"]["state"] == "ready"
+    health = httpx.get(f"{url}/health", timeout=10)
+    assert health.status_code == 200  # the models still serve
+    broken = next(s for s in health.json()["mcp"] if s["name"] == "broken")
+    assert broken["state"] == "error" and broken["error"]
+    status = httpx.get(f"{url}/v1/status", headers=AUTH, timeout=10).json()
+    assert [m["state"] for m in status["models"]] == ["running", "running"]
+    assert status["config"]["last_error"] is None
+    assert daemon.log_text().count('"model loaded"') == 2  # no model was touched
