@@ -285,6 +285,28 @@ def test_execute_on_messages_runs_the_loop_too(daemon: DaemonProcess) -> None:
     assert [b.type for b in message.content] == ["text", "tool_use"]
 
 
+def test_execute_on_a_messages_stream(daemon: DaemonProcess) -> None:
+    client = anthropic.Anthropic(base_url=daemon.base_url, api_key=KEY, max_retries=0)
+    ask = [{"role": "user", "content": "What is 2 + 3?"}]
+    starts = []
+    with client.messages.stream(model="exec", max_tokens=60, messages=ask) as stream:  # type: ignore[arg-type]
+        for event in stream:
+            if event.type == "content_block_start":
+                starts.append(event.content_block.model_dump())
+        message = stream.get_final_message()
+    kinds = [block.type for block in message.content]
+    assert kinds == ["text", "tool_use", "mcp_tool_result"] * 2 + ["text", "tool_use"]
+    assert [s.get("mcp") for s in starts if s["type"] == "tool_use"] == [{"server": "demo"}] * 3
+    results = [s for s in starts if s["type"] == "mcp_tool_result"]
+    uses = [s for s in starts if s["type"] == "tool_use"]
+    assert [(r["tool_use_id"], r["content"], r["is_error"]) for r in results] == [
+        (uses[0]["id"], [{"type": "text", "text": "5"}], False),
+        (uses[1]["id"], [{"type": "text", "text": "5"}], False),
+    ]
+    assert message.stop_reason == "tool_use"
+    assert message.usage.output_tokens > 0
+
+
 def test_execute_runs_mcp_calls_until_max_tool_rounds(client: openai.OpenAI) -> None:
     # The replay calls demo__add every time: two rounds run, the third call comes back.
     raw = client.chat.completions.with_raw_response.create(

@@ -5,26 +5,34 @@ of the same name wins). With `execute`, a non-streamed request runs the loop of
 api/mcp_chat.py: every `tool_use` of a reply naming an MCP tool is run, the reply and
 the `tool_result`s are appended, and the model generates again (at most
 `mcp.max_tool_rounds` rounds); the response lists what ran in `mcp_tool_calls`. A
-streamed request is offered the tools; its calls go back to the client.
+streamed one sends every round's blocks in one message: the executed `tool_use` blocks
+carry `"mcp": {"server": NAME}`, each followed by an `mcp_tool_result` block (the
+block type of Anthropic's own MCP connector).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import InputMessage, MessagesRequest, PromptFields
 from vllm_mlx.api.anthropic.schema import Tool as AnthropicTool
+from vllm_mlx.api.anthropic.stream import PING_EVERY_S, Event, MessageBuilder, with_keepalive
+from vllm_mlx.api.errors import APIError, to_api_error
 from vllm_mlx.api.generation import Target
 from vllm_mlx.api.mcp_chat import mcp_mode, offered_mcp_tools
+from vllm_mlx.api.sse import named_event
+from vllm_mlx.engine.types import Finished, Usage
 from vllm_mlx.mcp.manager import McpManager
 from vllm_mlx.mcp.tools import ToolResult
 
 P = TypeVar("P", bound=PromptFields)
 OneMessage = Callable[[MessagesRequest], Awaitable[dict[str, Any]]]
+Round = Callable[[MessagesRequest], tuple[AsyncGenerator[Any, None], MessageBuilder]]
 
 
 def attach(mcp: McpManager, target: Target, body: P) -> tuple[P, MessagesLoop | None]:
@@ -78,6 +86,89 @@ class MessagesLoop:
         if executed:
             message["mcp_tool_calls"] = executed
         return message
+
+    async def stream(self, body: MessagesRequest, next_round: Round) -> AsyncIterator[bytes]:
+        events, builder = next_round(body)
+        for event in builder.start():
+            yield _sse(event)
+        used = Usage(0, 0)
+        try:
+            for round_no in range(self.rounds + 1):
+                if round_no:
+                    events, _ = next_round(body)  # the first builder spans every round
+                first = len(builder.content)
+                finished: Finished | None = None
+                async for output in with_keepalive(events, PING_EVERY_S):
+                    if output is None:
+                        yield _sse({"type": "ping"})
+                    elif isinstance(output, Finished):
+                        finished = output
+                    else:
+                        for event in builder.feed(output):
+                            yield _sse(self._marked(event))
+                if finished is None:
+                    raise APIError(500, "generation ended without a result", "server_error")
+                error = convert.failure(finished)
+                if error is not None:
+                    yield _sse(dict(convert.error_body(error)))
+                    return
+                used = Usage(used.prompt_tokens + finished.usage.prompt_tokens,
+                             used.completion_tokens + finished.usage.completion_tokens)  # fmt: skip
+                for event in builder.close():
+                    yield _sse(event)
+                blocks = builder.content[first:]
+                uses = [block for block in blocks if block["type"] == "tool_use"]
+                if (
+                    round_no == self.rounds
+                    or not uses
+                    or any(u["name"] not in self.names for u in uses)
+                ):
+                    total = Finished(
+                        finished.reason, used, finished.stop_sequence, finished.message
+                    )
+                    for event in builder.finish(total):
+                        yield _sse(event)
+                    return
+                results = await asyncio.gather(
+                    *(self.mcp.execute_or_error(use["name"], use["input"]) for use in uses)
+                )
+                for event in _result_blocks(builder, uses, list(results)):
+                    yield _sse(event)
+                builder.used_tools = False  # a later round that only answers ends the turn
+                body = _extended(body, blocks, uses, list(results))
+        except Exception as exc:  # headers are sent: the error travels as an `error` event
+            yield _sse(dict(convert.error_body(to_api_error(exc))))
+
+    def _marked(self, event: Event) -> Event:
+        block = event.get("content_block")
+        if event["type"] == "content_block_start" and block and block["type"] == "tool_use":
+            server = self.mcp.find(block["name"])
+            if block["name"] in self.names and server is not None:
+                event["content_block"] = {**block, "mcp": {"server": server.server}}
+        return event
+
+
+def _sse(event: Event) -> bytes:
+    return named_event(event["type"], event)
+
+
+def _result_blocks(
+    builder: MessageBuilder, uses: list[dict[str, Any]], results: list[ToolResult]
+) -> list[Event]:
+    """One `mcp_tool_result` block per executed call, in the message being streamed."""
+    events: list[Event] = []
+    for use, result in zip(uses, results, strict=True):
+        block = {
+            "type": "mcp_tool_result",
+            "tool_use_id": use["id"],
+            "is_error": result.is_error,
+            "content": [{"type": "text", "text": result.text}],
+        }
+        builder.content.append(block)
+        index = len(builder.content) - 1
+        events.append({"type": "content_block_start", "index": index, "content_block": block})
+        events.append({"type": "content_block_stop", "index": index})
+    return events
 
 
 def _extended(

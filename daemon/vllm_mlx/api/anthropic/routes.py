@@ -159,13 +159,25 @@ async def _one_message(target: Target, body: MessagesRequest) -> dict[str, Any]:
     return await _complete(target, *_prepare(target, body))
 
 
+def _round(
+    target: Target, body: MessagesRequest
+) -> tuple[AsyncGenerator[Output, None], MessageBuilder]:
+    """One generation of a streamed MCP loop: its coalesced output and a builder."""
+    gen, prompt, builder = _prepare(target, body)
+    interval = target.settings.engine.stream_interval
+    return _coalesced(_output(target, gen, prompt), interval), builder
+
+
 @post("/messages", status_code=200)
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, MessagesRequest)
     state = server_state(request)
     target = resolve_target(state, body.model)
     body, mcp_loop = mcp_messages.attach(state.mcp, target, body)  # mcp_tools (per model)
-    if mcp_loop is not None and not body.stream:
+    if mcp_loop is not None and body.stream:
+        rounds = mcp_loop.stream(body, lambda b: _round(target, b))
+        return Stream(rounds, media_type="text/event-stream", headers=SSE_HEADERS)
+    if mcp_loop is not None:
         return Response(await mcp_loop.complete(body, lambda b: _one_message(target, b)))
     gen, prompt, builder = _prepare(target, body)
     if body.stream:

@@ -116,6 +116,10 @@ class MessageBuilder:
             block["thinking"] += delta["thinking"]
         return {"type": "content_block_delta", "index": self._index, "delta": delta}
 
+    def close(self) -> list[Event]:
+        """Close the open block, if any (a server-side tool round ends here)."""
+        return self._close_block()
+
     def _close_block(self) -> list[Event]:
         if self._open is None:
             return []
