@@ -145,21 +145,20 @@ class ServerSupervisor:
         delay = BACKOFF_START_S
         while not self._stop.is_set():
             self._set(ServerState.CONNECTING, self.error)
+            started = time.monotonic()
             try:
                 await self._session()
                 if self._stop.is_set():
                     break
                 raise ConnectionError("the connection was lost")
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # anyio groups, OSError, MCPError, ...
+            except Exception as exc:  # OSError, MCPError, anyio's exception groups, ...
                 if self._stop.is_set():
                     break
                 message = _describe(exc)
                 log.warning("mcp server failed", server=self.name, error=message, retry_s=delay)
                 self._set(ServerState.ERROR, message)
-            if self.connected_at and time.time() - self.connected_at > BACKOFF_MAX_S:
-                delay = BACKOFF_START_S  # it ran for a while: a fresh failure
+            if time.monotonic() - started > BACKOFF_MAX_S:
+                delay = BACKOFF_START_S  # it served for a while: a fresh failure
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
