@@ -43,7 +43,7 @@ CLIENT_TOOL = {
     "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
 }
 ASK = [{"role": "user", "content": "What is 2 + 3?"}]
-SERVERS = {"demo", "crashy", "web", "files", "seeded"}
+SERVERS = {"demo", "crashy", "web", "legacy", "files", "seeded"}
 FS_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "mcp_fs_server.py"
 TODO = "- write the MCP docs\n"
 
@@ -77,7 +77,7 @@ def daemon(
     # docs/mcp.md's filesystem example, as the docs configure it.
     files = {"command": sys.executable, "args": [str(FS_EXAMPLE), str(_served_dir(directory))]}
     args = ["--mcp-config", str(_seed_file(directory))]
-    with http_server(free_port()) as url:
+    with http_server(free_port()) as url, http_server(free_port(), "sse") as sse_url:
         config = {
             "models": [
                 {"name": "offer", **REPLAY, "mcp_tools": "offer"},
@@ -96,6 +96,7 @@ def daemon(
                         "allowed_tools": ["echo", "add"],
                         "denied_tools": ["add"],
                     },
+                    "legacy": {"transport": "sse", "url": sse_url, "allowed_tools": ["echo"]},
                     "files": files,
                 },
             },
@@ -126,7 +127,7 @@ def tool_names(daemon: DaemonProcess) -> dict[str, Any]:
 def test_servers_listed_with_state_and_tool_count(daemon: DaemonProcess) -> None:
     seen = wait_for(daemon.base_url, all_ready(SERVERS), "all ready", AUTH)
     assert {name: s["tools"] for name, s in seen.items()} == {
-        "demo": 5, "crashy": 2, "web": 1, "files": 3, "seeded": 6,
+        "demo": 5, "crashy": 2, "web": 1, "legacy": 1, "files": 3, "seeded": 6,
     }  # fmt: skip
     assert seen["web"]["transport"] == "streamable_http"
     assert all(s["error"] is None for s in seen.values())
@@ -141,11 +142,13 @@ def test_endpoints_need_the_api_key(daemon: DaemonProcess) -> None:
 
 def test_tools_in_openai_format_with_allow_and_deny_lists(daemon: DaemonProcess) -> None:
     tools = {
-        n: t for n, t in tool_names(daemon).items() if n.split("__")[0] in ("demo", "crashy", "web")
+        n: t
+        for n, t in tool_names(daemon).items()
+        if n.split("__")[0] in ("demo", "crashy", "web", "legacy")
     }
     assert set(tools) == {
         "demo__add", "demo__echo", "demo__fail", "demo__sleep", "demo__calls",
-        "crashy__crash", "crashy__calls", "web__echo",
+        "crashy__crash", "crashy__calls", "web__echo", "legacy__echo",
     }  # fmt: skip
     add = tools["demo__add"]
     assert add["type"] == "function"
@@ -159,6 +162,7 @@ def test_tools_in_openai_format_with_allow_and_deny_lists(daemon: DaemonProcess)
     ("demo__add", {"a": 2, "b": 3}, "5"),
     ("demo__echo", '{"text": "over stdio"}', "over stdio"),  # OpenAI-style JSON text
     ("web__echo", {"text": "over http"}, "over http"),
+    ("legacy__echo", {"text": "over sse"}, "over sse"),
 ])  # fmt: skip
 def test_execute(daemon: DaemonProcess, tool: str, arguments: Any, text: str) -> None:
     response = execute(daemon, {"tool_name": tool, "arguments": arguments})
@@ -416,7 +420,7 @@ def _save_servers(daemon: DaemonProcess, servers: dict[str, Any]) -> None:
 def test_hot_reload_adds_changes_and_removes_servers(daemon: DaemonProcess, tmp_path: Path) -> None:
     url = daemon.base_url
     _save_servers(daemon, {"second": stdio_server(allowed_tools=["echo"])})
-    gone = {"demo", "crashy", "web", "files"}
+    gone = {"demo", "crashy", "web", "legacy", "files"}
     seen = wait_for(url, lambda s: not gone & set(s) and all_ready({"second", "seeded"})(s),
                     "the old servers removed, second added", AUTH)  # fmt: skip
     assert seen["second"]["tools"] == 1  # the seed's file still counts

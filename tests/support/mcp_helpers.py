@@ -24,10 +24,10 @@ def stdio_server(**extra: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def http_server(port: int) -> Iterator[str]:
-    """The test server on streamable HTTP at 127.0.0.1:port; yields its URL."""
+def http_server(port: int, transport: str = "http") -> Iterator[str]:
+    """The test server on streamable HTTP (or `sse`) at 127.0.0.1:port; yields its URL."""
     process = subprocess.Popen(
-        [sys.executable, str(SERVER_SCRIPT), "--http", str(port)],
+        [sys.executable, str(SERVER_SCRIPT), f"--{transport}", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -40,7 +40,7 @@ def http_server(port: int) -> Iterator[str]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the MCP HTTP test server did not start")
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}/{'sse' if transport == 'sse' else 'mcp'}"
     finally:
         process.terminate()
         process.wait(10)

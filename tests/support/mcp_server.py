@@ -1,6 +1,6 @@
 """A real MCP server (the `mcp` SDK's MCPServer) for the tests: stdio or streamable HTTP.
 
-    python tests/support/mcp_server.py [--http PORT] [--name NAME]
+    python tests/support/mcp_server.py [--http PORT | --sse PORT] [--name NAME]
 
 Tools: `add` (numbers), `echo` (text), `fail` (raises: a tool error), `sleep` (waits,
 to run past a timeout), `crash` (the process exits: a dead server), `calls` (how many
@@ -60,11 +60,14 @@ def build(name: str) -> MCPServer:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, help="serve streamable HTTP on 127.0.0.1:PORT")
+    parser.add_argument("--sse", type=int, help="serve the older SSE transport on 127.0.0.1:PORT")
     parser.add_argument("--name", default="test-server")
     args = parser.parse_args()
     server = build(args.name)
     if args.http:
         server.run("streamable-http", host="127.0.0.1", port=args.http)
+    elif args.sse:
+        server.run("sse", host="127.0.0.1", port=args.sse)
     else:
         server.run("stdio")
 
