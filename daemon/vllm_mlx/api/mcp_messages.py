@@ -73,8 +73,11 @@ class MessagesLoop:
             input_tokens += message["usage"]["input_tokens"]
             output_tokens += message["usage"]["output_tokens"]
             uses = [block for block in message["content"] if block["type"] == "tool_use"]
-            runnable = uses and all(use["name"] in self.names for use in uses)
-            if round_no == self.rounds or not runnable or message["stop_reason"] != "tool_use":
+            if (
+                round_no == self.rounds
+                or not self._runs(uses)
+                or message["stop_reason"] != "tool_use"
+            ):
                 break
             results = await asyncio.gather(
                 *(self.mcp.execute_or_error(use["name"], use["input"]) for use in uses)
@@ -97,47 +100,52 @@ class MessagesLoop:
                 if round_no:
                     events, _ = next_round(body)  # the first builder spans every round
                 first = len(builder.content)
-                finished: Finished | None = None
-                async for output in with_keepalive(events, PING_EVERY_S):
-                    if output is None:
-                        yield _sse({"type": "ping"})
-                    elif isinstance(output, Finished):
-                        finished = output
-                    else:
-                        for event in builder.feed(output):
-                            yield _sse(self._marked(event))
-                if finished is None:
-                    raise APIError(500, "generation ended without a result", "server_error")
-                error = convert.failure(finished)
-                if error is not None:
-                    yield _sse(dict(convert.error_body(error)))
-                    return
+                ended: list[Finished] = []
+                async for chunk in self._generate(events, builder, ended):
+                    yield chunk
+                finished = ended[0]
                 used = Usage(used.prompt_tokens + finished.usage.prompt_tokens,
                              used.completion_tokens + finished.usage.completion_tokens)  # fmt: skip
-                for event in builder.close():
-                    yield _sse(event)
                 blocks = builder.content[first:]
                 uses = [block for block in blocks if block["type"] == "tool_use"]
-                if (
-                    round_no == self.rounds
-                    or not uses
-                    or any(u["name"] not in self.names for u in uses)
-                ):
-                    total = Finished(
-                        finished.reason, used, finished.stop_sequence, finished.message
-                    )
-                    for event in builder.finish(total):
+                if round_no == self.rounds or not self._runs(uses):
+                    last = Finished(finished.reason, used, finished.stop_sequence, finished.message)
+                    for event in builder.finish(last):
                         yield _sse(event)
                     return
-                results = await asyncio.gather(
+                results = list(await asyncio.gather(
                     *(self.mcp.execute_or_error(use["name"], use["input"]) for use in uses)
-                )
-                for event in _result_blocks(builder, uses, list(results)):
+                ))  # fmt: skip
+                for event in _result_blocks(builder, uses, results):
                     yield _sse(event)
                 builder.used_tools = False  # a later round that only answers ends the turn
-                body = _extended(body, blocks, uses, list(results))
+                body = _extended(body, blocks, uses, results)
         except Exception as exc:  # headers are sent: the error travels as an `error` event
             yield _sse(dict(convert.error_body(to_api_error(exc))))
+
+    def _runs(self, uses: list[dict[str, Any]]) -> bool:
+        return bool(uses) and all(use["name"] in self.names for use in uses)
+
+    async def _generate(
+        self, events: AsyncGenerator[Any, None], builder: MessageBuilder, ended: list[Finished]
+    ) -> AsyncIterator[bytes]:
+        """One round's events, its last block closed; its Finished goes into `ended`.
+        A generation that failed raises, ending the stream with an error event."""
+        async for output in with_keepalive(events, PING_EVERY_S):
+            if output is None:
+                yield _sse({"type": "ping"})
+            elif isinstance(output, Finished):
+                ended.append(output)
+            else:
+                for event in builder.feed(output):
+                    yield _sse(self._marked(event))
+        if not ended:
+            raise APIError(500, "generation ended without a result", "server_error")
+        error = convert.failure(ended[0])
+        if error is not None:
+            raise error
+        for event in builder.close():
+            yield _sse(event)
 
     def _marked(self, event: Event) -> Event:
         block = event.get("content_block")
