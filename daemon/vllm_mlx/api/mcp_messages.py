@@ -129,8 +129,7 @@ class MessagesLoop:
     async def _generate(
         self, events: AsyncGenerator[Any, None], builder: MessageBuilder, ended: list[Finished]
     ) -> AsyncIterator[bytes]:
-        """One round's events, its last block closed; its Finished goes into `ended`.
-        A generation that failed raises, ending the stream with an error event."""
+        """One round's events, its last block closed; its Finished goes into `ended`."""
         async for output in with_keepalive(events, PING_EVERY_S):
             if output is None:
                 yield _sse({"type": "ping"})
@@ -139,11 +138,8 @@ class MessagesLoop:
             else:
                 for event in builder.feed(output):
                     yield _sse(self._marked(event))
-        if not ended:
+        if not ended:  # (a failed generation raised already, in api.generation.run)
             raise APIError(500, "generation ended without a result", "server_error")
-        error = convert.failure(ended[0])
-        if error is not None:
-            raise error
         for event in builder.close():
             yield _sse(event)
 
