@@ -132,7 +132,8 @@ class ChatLoop:
         self, body: ChatCompletionRequest, prepare: Prepare, complete: Complete
     ) -> Response[Any]:
         if body.stream:
-            return Stream(self._stream(body, prepare), media_type="text/event-stream",
+            first = await prepare(self.target, body)  # its errors are still HTTP errors
+            return Stream(self._stream(body, prepare, first), media_type="text/event-stream",
                           headers=SSE_HEADERS)  # fmt: skip
         return Response(await self._complete(body, prepare, complete))
 
@@ -175,14 +176,16 @@ class ChatLoop:
             response["mcp_tool_calls"] = executed
         return response
 
-    async def _stream(self, body: ChatCompletionRequest, prepare: Prepare) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, body: ChatCompletionRequest, prepare: Prepare, first: Prepared
+    ) -> AsyncIterator[bytes]:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks: convert.ChatChunks | None = None
         usage = Usage(0, 0)
         base = 0  # tool-call indexes keep counting across rounds
         try:
             for round_no in range(self.rounds + 1):
-                gen, parser, max_calls = await prepare(self.target, body)
+                gen, parser, max_calls = await prepare(self.target, body) if round_no else first
                 if chunks is None:
                     chunks = convert.ChatChunks(gen.request_id, body.model)
                     yield data_event(chunks.chunk({"role": "assistant", "content": ""}))

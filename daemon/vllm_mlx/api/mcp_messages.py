@@ -32,7 +32,8 @@ from vllm_mlx.mcp.tools import ToolResult
 
 P = TypeVar("P", bound=PromptFields)
 OneMessage = Callable[[MessagesRequest], Awaitable[dict[str, Any]]]
-Round = Callable[[MessagesRequest], tuple[AsyncGenerator[Any, None], MessageBuilder]]
+RoundOutput = tuple[AsyncGenerator[Any, None], MessageBuilder]
+Round = Callable[[MessagesRequest], Awaitable[RoundOutput]]
 
 
 def attach(mcp: McpManager, target: Target, body: P) -> tuple[P, MessagesLoop | None]:
@@ -90,23 +91,26 @@ class MessagesLoop:
             message["mcp_tool_calls"] = executed
         return message
 
-    async def stream(self, body: MessagesRequest, next_round: Round) -> AsyncIterator[bytes]:
-        events, builder = next_round(body)
+    async def stream(
+        self, body: MessagesRequest, next_round: Round, first: RoundOutput
+    ) -> AsyncIterator[bytes]:
+        """`first` is prepared before the response starts, so its errors are HTTP errors."""
+        events, builder = first
         for event in builder.start():
             yield _sse(event)
         used = Usage(0, 0)
         try:
             for round_no in range(self.rounds + 1):
                 if round_no:
-                    events, _ = next_round(body)  # the first builder spans every round
-                first = len(builder.content)
+                    events, _ = await next_round(body)  # the first builder spans every round
+                start = len(builder.content)
                 ended: list[Finished] = []
                 async for chunk in self._generate(events, builder, ended):
                     yield chunk
                 finished = ended[0]
                 used = Usage(used.prompt_tokens + finished.usage.prompt_tokens,
                              used.completion_tokens + finished.usage.completion_tokens)  # fmt: skip
-                blocks = builder.content[first:]
+                blocks = builder.content[start:]
                 uses = [block for block in blocks if block["type"] == "tool_use"]
                 if round_no == self.rounds or not self._runs(uses):
                     last = Finished(finished.reason, used, finished.stop_sequence, finished.message)

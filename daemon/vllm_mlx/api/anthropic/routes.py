@@ -141,7 +141,7 @@ async def _complete(
     return builder.message(finished)
 
 
-def _prepare(
+async def _prepare(
     target: Target, body: MessagesRequest
 ) -> tuple[GenerationRequest, convert.ChatPrompt, MessageBuilder]:
     prompt = convert.build_prompt(body)
@@ -156,14 +156,14 @@ def _prepare(
 
 
 async def _one_message(target: Target, body: MessagesRequest) -> dict[str, Any]:
-    return await _complete(target, *_prepare(target, body))
+    return await _complete(target, *await _prepare(target, body))
 
 
-def _round(
+async def _round(
     target: Target, body: MessagesRequest
 ) -> tuple[AsyncGenerator[Output, None], MessageBuilder]:
     """One generation of a streamed MCP loop: its coalesced output and a builder."""
-    gen, prompt, builder = _prepare(target, body)
+    gen, prompt, builder = await _prepare(target, body)
     interval = target.settings.engine.stream_interval
     return _coalesced(_output(target, gen, prompt), interval), builder
 
@@ -175,11 +175,12 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     target = resolve_target(state, body.model)
     body, mcp_loop = mcp_messages.attach(state.mcp, target, body)  # mcp_tools (per model)
     if mcp_loop is not None and body.stream:
-        rounds = mcp_loop.stream(body, lambda b: _round(target, b))
+        first = await _round(target, body)
+        rounds = mcp_loop.stream(body, lambda b: _round(target, b), first)
         return Stream(rounds, media_type="text/event-stream", headers=SSE_HEADERS)
     if mcp_loop is not None:
         return Response(await mcp_loop.complete(body, lambda b: _one_message(target, b)))
-    gen, prompt, builder = _prepare(target, body)
+    gen, prompt, builder = await _prepare(target, body)
     if body.stream:
         return Stream(
             _stream(target, gen, prompt, builder),
