@@ -233,6 +233,14 @@ class ModelSettings(Section):
         "tools a request offers (the request's own win on a name clash); `execute` also "
         "runs the model's MCP tool calls in the daemon and generates again (docs/mcp.md).",
     )
+    structured_outputs: Literal["llguidance", "off"] = setting(
+        "llguidance",
+        Reload.HOT,
+        "Constrained decoding for `response_format` JSON schemas, regex/choice/grammar "
+        "requests and forced tool calls (docs/structured-outputs.md): `llguidance` masks "
+        "each token with a grammar; `off` refuses such requests with a 400 and forced tool "
+        "choices fall back to prompting.",
+    )
 
     @field_validator("source")
     @classmethod

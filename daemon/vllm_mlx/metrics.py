@@ -49,6 +49,10 @@ HTTP_LATENCY_BUCKETS = (
     300.0, 600.0,
 )  # fmt: skip
 MCP_CALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+MASK_BUCKETS = (
+    0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01,
+    0.02, 0.05, 0.1,
+)  # fmt: skip
 # vLLM sizes token-count buckets by max_model_len; models load after the registry is
 # built, so the largest configured context (or this) bounds them instead.
 DEFAULT_TOKEN_BUCKET_MAX = 131072
@@ -201,6 +205,11 @@ class Metrics:
             "Tokens (prompt + generated) per engine step.",
             ITERATION_TOKENS_BUCKETS,
         )
+        self.structured_mask = h(
+            "vllm_mlx_structured_mask_seconds",
+            "Time to compute and apply one constrained request's token mask, per token.",
+            MASK_BUCKETS,
+        )
         self.aborted = c(
             "vllm_mlx_aborted_requests",
             "Generations aborted before their end, by reason.",
@@ -277,7 +286,7 @@ class Metrics:
             self.prompt_tokens, self.generation_tokens, self.prefix_cache_queries,
             self.prefix_cache_hits, self.ttft, self.itl, self.e2e, self.queue_time,
             self.prefill_time, self.decode_time, self.request_prompt_tokens,
-            self.request_generation_tokens, self.iteration_tokens,
+            self.request_generation_tokens, self.iteration_tokens, self.structured_mask,
         ):  # fmt: skip
             metric.labels(name)
         for reason in FINISH_REASONS:
@@ -299,6 +308,11 @@ class Metrics:
             child.observe(prompt_tokens + generated_tokens)
 
         return on_step
+
+    def mask_observer(self, model: str) -> Callable[[float], None]:
+        """Per-token mask time of constrained requests (called on the engine thread)."""
+        self.add_model(model)
+        return self.structured_mask.labels(model).observe
 
     def request(self, model: str, prompt_tokens: int) -> RequestMetrics:
         self.add_model(model)

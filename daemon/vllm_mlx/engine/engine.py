@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_mlx.engine.constraints import ConstraintCompiler
 from vllm_mlx.engine.scheduler import Scheduler, SchedulerConfig
 from vllm_mlx.engine.types import (
     ContextLengthError,
@@ -47,6 +48,9 @@ class Engine:
             name=f"engine-{loaded.name}",
             forced_tokens=loaded.forced_tokens,
         )
+        # The Hugging Face tokenizer inside mlx-lm's wrapper; llguidance reads its table.
+        hf_tokenizer = getattr(loaded.tokenizer, "_tokenizer", loaded.tokenizer)
+        self.constraints = ConstraintCompiler(hf_tokenizer, sorted(self.eos_token_ids))
         self._accepting = False
 
     def start(self) -> None:

@@ -266,6 +266,8 @@ class Scheduler:
 
     def _processors(self, request: GenerationRequest, fault: Fault) -> list[LogitsProcessor]:
         processors = make_processors(request.sampling, request.max_tokens)
+        if request.constraint is not None:  # last: nothing may re-enable a masked token
+            processors.append(request.constraint.make_processor())
         if self._forced is not None:
             processors.append(make_forcing_processor(self._forced, min(self._eos)))
         return [guard_processor(p, fault) for p in processors]

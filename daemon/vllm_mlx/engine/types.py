@@ -9,8 +9,9 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 # Seeds the engine takes: any 64-bit integer, signed or unsigned (folded into uint64).
 SEED_MIN = -(2**63)
@@ -71,6 +72,13 @@ class SamplingParams:
                 yield "logit_bias", f"logit_bias for token {token} must be a finite number"
 
 
+class TokenConstraint(Protocol):
+    """A compiled structured-output constraint (engine/constraints.py): one fresh
+    logits processor per request, masking that request's row only."""
+
+    def make_processor(self) -> Callable[[Any, Any], Any]: ...
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
@@ -81,6 +89,7 @@ class GenerationRequest:
     arrived_at: float = field(default_factory=time.monotonic)
     # time.monotonic() by which the request must be done; past it, TimeoutError.
     deadline: float | None = None
+    constraint: TokenConstraint | None = None
 
 
 # Events the engine thread posts to a request's queue (token ids, not text: the

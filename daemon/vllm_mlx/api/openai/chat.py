@@ -8,9 +8,9 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from vllm_mlx.api import mcp_chat
+from vllm_mlx.api import mcp_chat, structured
 from vllm_mlx.api.common import parse_body, server_state
-from vllm_mlx.api.errors import APIError, to_api_error
+from vllm_mlx.api.errors import APIError, bad_request, to_api_error
 from vllm_mlx.api.generation import (
     ParsedEvent,
     Target,
@@ -74,10 +74,29 @@ async def _prepare(
         body.stop_tuple(),
         timeout=body.timeout,
     )
-    parser = output_parser_for(target, gen, convert.tool_specs(convert.offered_tools(body)))
+    parser = await _structured(target, gen, body)
     # parallel_tool_calls: false keeps the first call only.
     max_calls = 1 if body.parallel_tool_calls is False else None
     return gen, parser, max_calls
+
+
+async def _structured(
+    target: Target, gen: GenerationRequest, body: ChatCompletionRequest
+) -> OutputParser | None:
+    """Attach the output's constraint; a forced tool choice gets its own call reader."""
+    constraint = convert.output_constraint(body)
+    forced = convert.forced_tools(body) if structured.enabled(target) else None
+    if forced is not None:
+        if constraint is not None:
+            raise bad_request(
+                "a forced tool_choice cannot be combined with an output format",
+                constraint.param,
+            )
+        await structured.constrain(target, gen, forced.constraint("tool_choice"))
+        return structured.forced_output_parser(target, gen, forced)
+    if constraint is not None:
+        await structured.constrain(target, gen, constraint)
+    return output_parser_for(target, gen, convert.tool_specs(convert.offered_tools(body)))
 
 
 async def _limit_calls(

@@ -19,6 +19,8 @@ from vllm_mlx.api.openai.schema import (
     Tool,
     UsageDict,
 )
+from vllm_mlx.api.structured import ForcedTools
+from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import FinishReason, SamplingParams, Usage
 from vllm_mlx.parsers.types import ToolCall, ToolSpec
 
@@ -202,8 +204,7 @@ def completion_chunk(
 
 def offered_tools(request: ChatCompletionRequest) -> list[Tool] | None:
     """The tools the model is shown: none for tool_choice "none", only the named one
-    for a named choice (there is no constrained decoding; narrowing the offer is how a
-    named choice is honoured), all of them otherwise."""
+    for a named choice, all of them otherwise."""
     if not request.tools or request.tool_choice == "none":
         return None
     if isinstance(request.tool_choice, NamedToolChoice):
@@ -271,3 +272,68 @@ def sampling_from(
         frequency_penalty=body.frequency_penalty,
         logit_bias=body.bias_map(),
     )
+
+
+# --- structured outputs (docs/structured-outputs.md) -------------------------------------
+
+
+def output_constraint(body: ChatCompletionRequest | CompletionRequest) -> Constraint | None:
+    """What response_format or vLLM's extras ask of the output; at most one may be set."""
+    found: list[Constraint] = []
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_object":
+        found.append(Constraint("json_object", None, "response_format"))
+    elif fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+        schema = fmt.json_schema.schema_
+        found.append(
+            Constraint(
+                "json_schema",
+                {} if schema is None else schema,
+                "response_format.json_schema.schema",
+            )
+        )
+    so = body.structured_outputs
+    if so is not None:
+        if so.json_ is not None:
+            found.append(_json_constraint(so.json_, "structured_outputs.json"))
+        elif so.json_object:
+            found.append(Constraint("json_object", None, "structured_outputs.json_object"))
+        elif so.regex is not None:
+            found.append(Constraint("regex", so.regex, "structured_outputs.regex"))
+        elif so.choice is not None:
+            found.append(Constraint("choice", so.choice, "structured_outputs.choice"))
+        elif so.grammar is not None:
+            found.append(Constraint("grammar", so.grammar, "structured_outputs.grammar"))
+    if body.guided_json is not None:
+        found.append(_json_constraint(body.guided_json, "guided_json"))
+    for kind, value, param in (
+        ("regex", body.guided_regex, "guided_regex"),
+        ("choice", body.guided_choice, "guided_choice"),
+        ("grammar", body.guided_grammar, "guided_grammar"),
+    ):
+        if value is not None:
+            found.append(Constraint(kind, value, param))  # type: ignore[arg-type]
+    if len(found) > 1:
+        names = ", ".join(str(c.param) for c in found)
+        raise bad_request(f"only one output constraint may be given; got {names}", found[1].param)
+    return found[0] if found else None
+
+
+def _json_constraint(value: dict[str, Any] | str, param: str) -> Constraint:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise bad_request(f"'{param}' is not valid JSON: {exc}", param) from exc
+    return Constraint("json_schema", value, param)
+
+
+def forced_tools(body: ChatCompletionRequest) -> ForcedTools | None:
+    """tool_choice "required" or a named function: the output must be calls."""
+    if not body.tools or (
+        body.tool_choice not in ("required",) and not isinstance(body.tool_choice, NamedToolChoice)
+    ):
+        return None
+    specs = tool_specs(offered_tools(body)) or []
+    named = isinstance(body.tool_choice, NamedToolChoice)
+    return ForcedTools(specs, named=named, single=body.parallel_tool_calls is False)

@@ -14,6 +14,7 @@ from litestar import Request, Response, Router, get, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
+from vllm_mlx.api import structured
 from vllm_mlx.api.anthropic import convert as anthropic_convert
 from vllm_mlx.api.common import parse_body, server_state
 from vllm_mlx.api.errors import APIError, model_not_found, to_api_error
@@ -113,6 +114,9 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         body.stop_tuple(),
         timeout=body.timeout,
     )
+    constraint = convert.output_constraint(body)
+    if constraint is not None:
+        await structured.constrain(target, gen, constraint)
     echo = ""
     if body.echo:
         timeout = target.settings.limits.prompt_timeout

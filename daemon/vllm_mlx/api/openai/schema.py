@@ -70,8 +70,40 @@ class NamedToolChoice(_Request):
     function: NamedToolChoiceFunction
 
 
+class JsonSchemaSpec(_Request):
+    name: str = Field("response", min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Request):
-    type: Literal["text"]
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+class StructuredOutputs(_Request):
+    """vLLM's request extra: exactly one of these."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, regex, choice, grammar, json_object")
+        return self
 
 
 class _SamplingFields(_Request):
@@ -94,6 +126,13 @@ class _SamplingFields(_Request):
         None, gt=0, description="seconds; may lower server.timeout, never raise it"
     )
     logprobs: Literal[False, None] = Field(None, description="log probabilities are not supported")
+    response_format: ResponseFormat | None = None
+    # vLLM's structured-output extras, so clients written for vLLM work unchanged.
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -132,7 +171,6 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = Field(
         None, description="vLLM's field; refused unless server.allow_client_chat_templates"
     )
-    response_format: ResponseFormat | None = None
     top_logprobs: None = None
 
     @model_validator(mode="after")

@@ -1,0 +1,199 @@
+"""Constrained decoding in the engine, with the real bundled model at temperature 1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from vllm_mlx.config import ModelSettings
+from vllm_mlx.engine.constraints import (
+    CompiledConstraint,
+    Constraint,
+    ConstraintError,
+    ReasoningGate,
+)
+from vllm_mlx.engine.engine import Engine
+from vllm_mlx.engine.output import generate_text
+from vllm_mlx.engine.scheduler import SchedulerConfig
+from vllm_mlx.engine.types import (
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    SequenceFinished,
+    TextDelta,
+    TokensGenerated,
+)
+from vllm_mlx.models.loader import load_model
+
+HOT = SamplingParams(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def engine(model_cache_dir: Path) -> Iterator[Engine]:
+    settings = ModelSettings(name="smol", source="builtin:smollm2-135m-instruct")
+    engine = Engine(load_model(settings, model_cache_dir), SchedulerConfig(max_batch_size=8))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def chat_tokens(engine: Engine, text: str) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    return list(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def compile_(engine: Engine, constraint: Constraint) -> CompiledConstraint:
+    return engine.constraints.compile(constraint)
+
+
+@dataclass
+class Recording:
+    """Wraps a request's real mask processor; keeps each step's allowed token ids."""
+
+    compiled: CompiledConstraint
+    gate: ReasoningGate | None = None
+    allowed: list[set[int]] = field(default_factory=list)
+
+    def make_processor(self) -> Callable[[Any, Any], Any]:
+        inner = self.compiled.make_processor(self.gate)
+
+        def process(tokens: mx.array, logits: mx.array) -> mx.array:
+            out = inner(tokens, logits)
+            finite = mx.isfinite(out[0]).tolist()
+            self.allowed.append({i for i, ok in enumerate(finite) if ok})
+            return out
+
+        return process
+
+
+async def _tokens(engine: Engine, request: GenerationRequest) -> tuple[list[int], FinishReason]:
+    tokens: list[int] = []
+    async for event in engine.events(request):
+        if isinstance(event, TokensGenerated):
+            tokens.extend(event.tokens)
+        elif isinstance(event, SequenceFinished):
+            return tokens, event.reason
+    raise AssertionError("no end")
+
+
+async def _text(engine: Engine, request: GenerationRequest) -> tuple[str, Finished]:
+    parts: list[str] = []
+    async for event in generate_text(engine, request):
+        if isinstance(event, TextDelta):
+            parts.append(event.text)
+        else:
+            return "".join(parts), event
+    raise AssertionError("no end")
+
+
+def request(
+    engine: Engine, rid: str, text: str, constraint: Any, max_tokens: int = 48
+) -> GenerationRequest:
+    return GenerationRequest(rid, chat_tokens(engine, text), max_tokens, HOT, constraint=constraint)
+
+
+def test_sampled_tokens_are_always_in_the_allowed_set(engine: Engine) -> None:
+    compiled = compile_(engine, Constraint("regex", r"[0-9]{2,4}-[a-z]{2,6}( ok)?"))
+    recordings = [Recording(compiled) for _ in range(3)]
+    requests = [
+        request(engine, f"mask-{i}", "Write anything you like.", rec)
+        for i, rec in enumerate(recordings)
+    ]
+
+    async def main() -> list[tuple[list[int], FinishReason]]:
+        return list(await asyncio.gather(*(_tokens(engine, r) for r in requests)))
+
+    eos = engine.eos_token_ids
+    for (tokens, reason), rec in zip(asyncio.run(main()), recordings, strict=True):
+        assert reason is FinishReason.STOP
+        # One mask per sampled token, then the (unreported) EOS; mlx-lm computes one
+        # step ahead, so a last mask may follow for a token that is thrown away.
+        assert len(tokens) + 1 <= len(rec.allowed) <= len(tokens) + 2
+        for step, token in enumerate(tokens):
+            assert token in rec.allowed[step], (step, token)
+        assert rec.allowed[len(tokens)] <= eos
+        text = engine.tokenizer.decode(tokens)
+        assert re.fullmatch(r"[0-9]{2,4}-[a-z]{2,6}( ok)?", text), text
+
+
+def test_schemas_and_free_requests_share_a_batch(engine: Engine) -> None:
+    schema_a = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    schema_b = {"type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 2, "maxItems": 3}
+    a = compile_(engine, Constraint("json_schema", schema_a)).bind(None)
+    b = compile_(engine, Constraint("json_schema", schema_b)).bind(None)
+    requests = [
+        request(engine, "a", "Give a number.", a),
+        request(engine, "free", "Say hello.", None, max_tokens=8),
+        request(engine, "b", "List colors.", b),
+        request(engine, "a2", "Another number.", a),
+    ]
+
+    async def main() -> list[tuple[str, Finished]]:
+        return list(await asyncio.gather(*(_text(engine, r) for r in requests)))
+
+    (ta, fa), (free, _), (tb, fb), (ta2, _) = asyncio.run(main())
+    assert fa.reason is fb.reason is FinishReason.STOP
+    for text in (ta, ta2):
+        value = json.loads(text)
+        assert set(value) == {"n"} and 3 <= value["n"] <= 9
+    colors = json.loads(tb)
+    assert 2 <= len(colors) <= 3 and set(colors) <= {"red", "blue"}
+    assert free  # the unconstrained request was not masked into nothing
+
+
+def test_max_tokens_cuts_json_with_finish_length(engine: Engine) -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 200}}}
+    constraint = compile_(engine, Constraint("json_schema", schema)).bind(None)
+    text, finished = asyncio.run(
+        _text(engine, request(engine, "cut", "Write.", constraint, max_tokens=5))
+    )
+    assert finished.reason is FinishReason.LENGTH
+    assert text.startswith("{")
+
+
+def test_reasoning_stays_free_until_the_close_marker(engine: Engine) -> None:
+    # A stand-in reasoning marker the model says on its own: "\n" ends "thinking".
+    close = tuple(engine.tokenizer.encode("\n", add_special_tokens=False))
+    compiled = compile_(engine, Constraint("choice", ["yes", "no"]))
+    rec = Recording(compiled, ReasoningGate(close, inside=True))
+    req = request(engine, "think", "Write two short lines of text.", rec, max_tokens=40)
+    tokens, reason = asyncio.run(_tokens(engine, req))
+    text = engine.tokenizer.decode(tokens)
+    if "\n" in text:
+        assert reason is FinishReason.STOP
+        answer = text.split("\n", 1)[1]
+        assert answer in ("yes", "no"), text
+    else:  # never closed: all free, cut by max_tokens
+        assert reason is FinishReason.LENGTH
+
+
+def test_compiled_grammars_are_cached_by_content(engine: Engine) -> None:
+    first = compile_(engine, Constraint("json_schema", {"type": "object", "x-k": 1}))
+    again = compile_(engine, Constraint("json_schema", {"x-k": 1, "type": "object"}))
+    assert first is again
+
+
+def test_bad_constraints_raise_with_the_location(engine: Engine) -> None:
+    with pytest.raises(ConstraintError, match=r"#/properties/d/format.*bogus"):
+        compile_(
+            engine,
+            Constraint("json_schema", {"properties": {"d": {"type": "string", "format": "bogus"}}}),
+        )
+    with pytest.raises(ConstraintError, match="position 2: unclosed group"):
+        compile_(engine, Constraint("regex", "ab(c"))
+    with pytest.raises(ConstraintError, match="unknown name"):
+        compile_(engine, Constraint("grammar", "start: foo\n"))
