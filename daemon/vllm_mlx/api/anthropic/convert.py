@@ -17,6 +17,7 @@ from vllm_mlx.api.anthropic.schema import (
     ErrorResponse,
     ImageBlock,
     InputMessage,
+    MessagesRequest,
     ModelInfo,
     ModelList,
     PromptFields,
@@ -30,6 +31,8 @@ from vllm_mlx.api.anthropic.schema import (
 from vllm_mlx.api.chat_template import render_chat
 from vllm_mlx.api.errors import APIError, bad_request
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.structured import ForcedTools
+from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import Finished, FinishReason
 from vllm_mlx.parsers.types import ToolSpec
 
@@ -141,7 +144,7 @@ def _system_text(request: PromptFields) -> str:
 
 
 def offered_tools(request: PromptFields) -> list[Tool]:
-    """The tools the template sees, after tool_choice (there is no constrained decoding)."""
+    """The tools the template sees, after tool_choice."""
     tools = list(request.tools or [])
     for index, tool in enumerate(tools):
         if tool.type not in (None, "custom"):
@@ -169,8 +172,8 @@ def offered_tools(request: PromptFields) -> list[Tool]:
 
 
 def _tool_instruction(request: PromptFields, offered: list[Tool]) -> str:
-    # Forced tool use is a prompt instruction, not a grammar: the model may still answer
-    # in text, which then comes back as a normal end_turn message.
+    # Said in the prompt too: the grammar (forced_tools) guarantees the calls' shape,
+    # the instruction helps the model fill them with something sensible.
     choice = request.tool_choice
     if choice is None or choice.type in ("auto", "none"):
         return ""
@@ -354,3 +357,30 @@ def model_list(state: ServerState) -> ModelList:
 
 def find_model(state: ServerState, model_id: str) -> ModelInfo | None:
     return next((info for info in model_infos(state) if info["id"] == model_id), None)
+
+
+# --- structured outputs (docs/structured-outputs.md) -------------------------------------
+
+
+def forced_tools(request: MessagesRequest, prompt: ChatPrompt) -> ForcedTools | None:
+    """tool_choice "any" or "tool": the output must be tool_use blocks."""
+    choice = request.tool_choice
+    if choice is None or choice.type not in ("any", "tool") or not prompt.tool_specs:
+        return None
+    return ForcedTools(
+        prompt.tool_specs, named=choice.type == "tool", single=prompt.max_tool_calls == 1
+    )
+
+
+def output_constraint(request: MessagesRequest) -> Constraint | None:
+    config_format = request.output_config.format if request.output_config else None
+    if request.output_format is not None and config_format is not None:
+        raise bad_request(
+            "give the output format once: output_config.format or output_format",
+            "output_format",
+        )
+    if config_format is not None:
+        return Constraint("json_schema", config_format.schema_, "output_config.format.schema")
+    if request.output_format is not None:
+        return Constraint("json_schema", request.output_format.schema_, "output_format.schema")
+    return None

@@ -17,12 +17,12 @@ from litestar import Request, Response, Router, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
-from vllm_mlx.api import mcp_messages
+from vllm_mlx.api import mcp_messages, structured
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.anthropic.stream import PING_EVERY_S, Event, MessageBuilder, with_keepalive
 from vllm_mlx.api.common import parse_body, server_state
-from vllm_mlx.api.errors import APIError, to_api_error
+from vllm_mlx.api.errors import APIError, bad_request, to_api_error
 from vllm_mlx.api.generation import (
     Target,
     build_request,
@@ -34,6 +34,7 @@ from vllm_mlx.api.generation import (
 from vllm_mlx.api.prepare import prompt_tokens
 from vllm_mlx.api.sse import SSE_HEADERS, named_event
 from vllm_mlx.engine.types import Finished, GenerationRequest
+from vllm_mlx.parsers.pipeline import OutputParser
 from vllm_mlx.parsers.types import (
     ContentDelta,
     ParserEvent,
@@ -64,12 +65,29 @@ def _sse(event: Event) -> bytes:
     return named_event(event["type"], event)
 
 
-async def _output(
-    target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt
-) -> AsyncGenerator[Output, None]:
-    """Reasoning, text and tool calls as the model's configured parsers split them."""
+async def _structured(
+    target: Target, gen: GenerationRequest, body: MessagesRequest, prompt: convert.ChatPrompt
+) -> OutputParser | None:
+    """Attach the output's constraint; forced tool use gets its own call reader."""
+    constraint = convert.output_constraint(body)
+    forced = convert.forced_tools(body, prompt) if structured.enabled(target) else None
+    if forced is not None:
+        if constraint is not None:
+            raise bad_request(
+                "a forced tool_choice cannot be combined with an output format", constraint.param
+            )
+        await structured.constrain(target, gen, forced.constraint("tool_choice"))
+        return structured.forced_output_parser(target, gen, forced)
+    if constraint is not None:
+        await structured.constrain(target, gen, constraint)
     # No tools offered (none given, or tool_choice none): calls stay plain text.
-    parser = output_parser_for(target, gen, prompt.tool_specs or None)
+    return output_parser_for(target, gen, prompt.tool_specs or None)
+
+
+async def _output(
+    target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt, parser: OutputParser | None
+) -> AsyncGenerator[Output, None]:
+    """Reasoning, text and tool calls as the request's parsers split them."""
     limit = prompt.max_tool_calls
     async for event in run_parsed(target, gen, ROUTE, parser):
         if (
@@ -106,13 +124,17 @@ async def _coalesced(
 
 
 async def _stream(
-    target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt, builder: MessageBuilder
+    target: Target,
+    gen: GenerationRequest,
+    prompt: convert.ChatPrompt,
+    builder: MessageBuilder,
+    parser: OutputParser | None,
 ) -> AsyncIterator[bytes]:
     for event in builder.start():
         yield _sse(event)
     interval = target.settings.engine.stream_interval
     try:
-        outputs = _coalesced(_output(target, gen, prompt), interval)
+        outputs = _coalesced(_output(target, gen, prompt, parser), interval)
         async for output in with_keepalive(outputs, PING_EVERY_S):
             if output is None:
                 yield _sse({"type": "ping"})
@@ -128,10 +150,14 @@ async def _stream(
 
 
 async def _complete(
-    target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt, builder: MessageBuilder
+    target: Target,
+    gen: GenerationRequest,
+    prompt: convert.ChatPrompt,
+    builder: MessageBuilder,
+    parser: OutputParser | None,
 ) -> dict[str, Any]:
     finished: Finished | None = None
-    async for output in _output(target, gen, prompt):
+    async for output in _output(target, gen, prompt, parser):
         if isinstance(output, Finished):
             finished = output
         else:
@@ -143,7 +169,7 @@ async def _complete(
 
 async def _prepare(
     target: Target, body: MessagesRequest
-) -> tuple[GenerationRequest, convert.ChatPrompt, MessageBuilder]:
+) -> tuple[GenerationRequest, convert.ChatPrompt, MessageBuilder, OutputParser | None]:
     prompt = convert.build_prompt(body)
     tokens = await prompt_tokens(target, convert.prompt_tokens, target.engine.tokenizer, prompt)
     sampling = sampling_params(
@@ -152,7 +178,8 @@ async def _prepare(
     gen = build_request(
         target, f"msg_{uuid.uuid4().hex[:24]}", tokens, body.max_tokens, sampling, body.stop_tuple()
     )
-    return gen, prompt, MessageBuilder(gen.request_id, body.model, len(tokens))
+    parser = await _structured(target, gen, body, prompt)
+    return gen, prompt, MessageBuilder(gen.request_id, body.model, len(tokens)), parser
 
 
 async def _one_message(target: Target, body: MessagesRequest) -> dict[str, Any]:
@@ -163,9 +190,9 @@ async def _round(
     target: Target, body: MessagesRequest
 ) -> tuple[AsyncGenerator[Output, None], MessageBuilder]:
     """One generation of a streamed MCP loop: its coalesced output and a builder."""
-    gen, prompt, builder = await _prepare(target, body)
+    gen, prompt, builder, parser = await _prepare(target, body)
     interval = target.settings.engine.stream_interval
-    return _coalesced(_output(target, gen, prompt), interval), builder
+    return _coalesced(_output(target, gen, prompt, parser), interval), builder
 
 
 @post("/messages", status_code=200)
@@ -180,14 +207,14 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
         return Stream(rounds, media_type="text/event-stream", headers=SSE_HEADERS)
     if mcp_loop is not None:
         return Response(await mcp_loop.complete(body, lambda b: _one_message(target, b)))
-    gen, prompt, builder = await _prepare(target, body)
+    gen, prompt, builder, parser = await _prepare(target, body)
     if body.stream:
         return Stream(
-            _stream(target, gen, prompt, builder),
+            _stream(target, gen, prompt, builder, parser),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
-    return Response(await _complete(target, gen, prompt, builder))
+    return Response(await _complete(target, gen, prompt, builder, parser))
 
 
 @post("/messages/count_tokens", status_code=200)

@@ -161,6 +161,16 @@ class CountTokensRequest(PromptFields):
     pass
 
 
+class JsonOutputFormat(_Wire):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Wire):
+    format: JsonOutputFormat | None = None
+    effort: str | None = None  # accepted, unused
+
+
 class MessagesRequest(PromptFields):
     max_tokens: int = Field(ge=1)
     stream: bool = False
@@ -169,6 +179,9 @@ class MessagesRequest(PromptFields):
     top_k: int | None = Field(None, ge=0)
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
     metadata: dict[str, Any] | None = None  # accepted, unused (user_id for abuse tracking)
+    # Structured outputs: output_config.format (current SDKs) or the older beta field.
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None
 
     @field_validator("temperature", "top_p", "top_k", mode="before")
     @classmethod
