@@ -33,13 +33,20 @@ class ForcedTools:
     """A tool choice that must produce calls: one named tool, or any of ``tools``."""
 
     tools: Sequence[ToolSpec]
+    params: Sequence[str]  # where each tool's schema is in the request, for errors
     named: bool = False
     single: bool = False  # parallel tool calls off: exactly one call
 
-    def constraint(self, param: str) -> Constraint:
+    def constraints(self) -> list[Constraint]:
+        """Each tool's own schema (so errors name it), then the whole output's."""
+        own = [
+            Constraint("json_schema", arguments_schema(tool), param)
+            for tool, param in zip(self.tools, self.params, strict=True)
+        ]
         if self.named:
-            return Constraint("json_schema", arguments_schema(self.tools[0]), param)
-        return Constraint("json_schema", call_list_schema(self.tools, self.single), param)
+            return own
+        whole = call_list_schema(self.tools, self.single)
+        return [*own, Constraint("json_schema", whole, "tool_choice")]
 
     def parser(self) -> ToolCallParser:
         return NamedCallParser(self.tools) if self.named else CallListParser(self.tools)
@@ -48,6 +55,14 @@ class ForcedTools:
 def enabled(target: Target) -> bool:
     model = model_settings_of(target)
     return model is None or model.structured_outputs != "off"
+
+
+async def constrain_calls(target: Target, gen: GenerationRequest, forced: ForcedTools) -> None:
+    """Constrain the output to the forced calls; the last constraint is the output's."""
+    *tools, whole = forced.constraints()
+    for constraint in tools:
+        await constrain(target, gen, constraint)  # checked alone: errors name the tool
+    await constrain(target, gen, whole)
 
 
 async def constrain(target: Target, gen: GenerationRequest, constraint: Constraint) -> None:
@@ -70,7 +85,9 @@ async def constrain(target: Target, gen: GenerationRequest, constraint: Constrai
         compiled = await compiler.prepare(constraint)
     except ConstraintError as exc:
         code = "invalid_json_schema" if constraint.kind == "json_schema" else "invalid_constraint"
-        raise APIError(400, str(exc), "invalid_request", exc.param, code) from exc
+        # The field goes in the message too: Anthropic's error shape has no param.
+        message = f"{exc.param}: {exc}" if exc.param else str(exc)
+        raise APIError(400, message, "invalid_request", exc.param, code) from exc
     gen.constraint = compiled.bind(reasoning_gate(target, gen))
 
 

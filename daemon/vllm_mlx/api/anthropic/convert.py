@@ -367,8 +367,10 @@ def forced_tools(request: MessagesRequest, prompt: ChatPrompt) -> ForcedTools | 
     choice = request.tool_choice
     if choice is None or choice.type not in ("any", "tool") or not prompt.tool_specs:
         return None
+    names = [tool.name for tool in request.tools or []]
+    params = [f"tools[{names.index(spec.name)}].input_schema" for spec in prompt.tool_specs]
     return ForcedTools(
-        prompt.tool_specs, named=choice.type == "tool", single=prompt.max_tool_calls == 1
+        prompt.tool_specs, params, named=choice.type == "tool", single=prompt.max_tool_calls == 1
     )
 
 

@@ -92,7 +92,7 @@ async def _structured(
                 "a forced tool_choice cannot be combined with an output format",
                 constraint.param,
             )
-        await structured.constrain(target, gen, forced.constraint("tool_choice"))
+        await structured.constrain_calls(target, gen, forced)
         return structured.forced_output_parser(target, gen, forced)
     if constraint is not None:
         await structured.constrain(target, gen, constraint)

@@ -334,6 +334,8 @@ def forced_tools(body: ChatCompletionRequest) -> ForcedTools | None:
         body.tool_choice not in ("required",) and not isinstance(body.tool_choice, NamedToolChoice)
     ):
         return None
-    specs = tool_specs(offered_tools(body)) or []
+    offered = offered_tools(body) or []
+    params = [f"tools[{body.tools.index(tool)}].function.parameters" for tool in offered]
     named = isinstance(body.tool_choice, NamedToolChoice)
-    return ForcedTools(specs, named=named, single=body.parallel_tool_calls is False)
+    specs = tool_specs(offered) or []
+    return ForcedTools(specs, params, named=named, single=body.parallel_tool_calls is False)

@@ -1,17 +1,14 @@
-"""Structured outputs through the real daemon and the official SDKs (OpenAI side).
+"""Structured outputs through the real daemon and the openai SDK.
 
 The bundled SmolLM2 runs at temperature 1.0, so valid output is the mask's doing, not
-luck. One daemon serves the module: `smol` (structured outputs on, metrics on),
-`smol-off` (structured_outputs: off) and `smol-think` (a reasoning parser configured).
+luck. The daemon (conftest.py) is shared by this package's modules.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -21,49 +18,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from tests.conftest import DaemonProcess, running
+from tests.conftest import DaemonProcess
+from tests.e2e.structured.conftest import ASK, HOT, TOOL_SCHEMAS, TOOLS
 from tests.support.schemas import SCHEMAS
 from tests.support.spec import validate_openai
-
-HOT: dict[str, Any] = {"temperature": 1.0}
-ASK = [{"role": "user", "content": "Answer in JSON."}]
-SMOL = "builtin:smollm2-135m-instruct"
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "minLength": 1, "maxLength": 16},
-        "unit": {"enum": ["c", "f"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TIME = {
-    "type": "object",
-    "properties": {"tz": {"type": "string", "pattern": "^[A-Z]{3}$"}},
-    "required": ["tz"],
-    "additionalProperties": False,
-}
-TOOLS: list[Any] = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
-]
-TOOL_SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-
-
-@pytest.fixture(scope="module")
-def daemon(
-    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
-) -> Iterator[DaemonProcess]:
-    config = {
-        "models": [
-            {"name": "smol", "source": SMOL},
-            {"name": "smol-off", "source": SMOL, "structured_outputs": "off"},
-            {"name": "smol-think", "source": SMOL, "reasoning_parser": "qwen3"},
-        ],
-        "metrics": {"enabled": True},
-    }
-    with running(tmp_path_factory.mktemp("structured"), model_cache_dir, config) as process:
-        yield process
 
 
 @pytest.fixture(scope="module")
