@@ -27,6 +27,7 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
+from vllm_mlx.engine.constraint_errors import describe_error
 from vllm_mlx.engine.types import EngineError
 
 if TYPE_CHECKING:
@@ -295,15 +296,9 @@ class ConstraintCompiler:
             grammar = grammar_text(constraint)
         except ValueError as exc:
             raise ConstraintError(str(exc), constraint.param) from exc
-        limits = _limits()
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-            grammar, tokenizer, limits=limits
-        )
-        if is_error:
-            raise ConstraintError(describe_error(constraint, messages[0]), constraint.param)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
-            raise ConstraintError(describe_error(constraint, matcher.get_error()), constraint.param)
+            raise _refused(constraint, matcher.get_error())
         compiled = CompiledConstraint(
             matcher,
             tokenizer.vocab_size,
@@ -322,6 +317,11 @@ class ConstraintCompiler:
         return len(self._cache)
 
 
+def _refused(constraint: Constraint, message: str) -> ConstraintError:
+    text = describe_error(constraint.kind, constraint.value, message)
+    return ConstraintError(text, constraint.param)
+
+
 def make_ll_tokenizer(hf_tokenizer: Any, eos_token_ids: Sequence[int]) -> llguidance.LLTokenizer:
     """llguidance's token table from a Hugging Face fast tokenizer (the GGUF-imported
     one included: it is a ``tokenizer.json`` built with the tokenizers library)."""
@@ -329,87 +329,3 @@ def make_ll_tokenizer(hf_tokenizer: Any, eos_token_ids: Sequence[int]) -> llguid
     if backend is None:
         raise ConstraintError("structured outputs need a fast (tokenizers) tokenizer")
     return llguidance.LLTokenizer(backend.to_str(), eos_token=list(eos_token_ids))
-
-
-# --- error messages ---------------------------------------------------------------------
-
-
-def describe_error(constraint: Constraint, message: str) -> str:
-    """llguidance's message, with the schema path or the regex position it is about."""
-    what = {
-        "json_schema": "invalid JSON schema",
-        "json_object": "invalid JSON schema",
-        "regex": "invalid regex",
-        "choice": "invalid choice",
-        "grammar": "invalid grammar",
-    }[constraint.kind]
-    regex = _regex_error(message)
-    if regex is not None:
-        pattern, position, reason = regex
-        where = ""
-        if constraint.kind == "json_schema":
-            path = _find(constraint.value, pattern, "#")
-            where = f" at {path}" if path else ""
-        return f"{what}{where}: regex {pattern!r} at position {position}: {reason}"
-    message = " ".join(message.split())[:500] or "invalid constraint"
-    if constraint.kind == "json_schema":
-        path = locate(constraint.value, message)
-        if path is not None:
-            return f"{what} at {path}: {message}"
-    return f"{what}: {message}"
-
-
-def _regex_error(message: str) -> tuple[str, int, str] | None:
-    """(pattern, 0-based position, reason) from a regex parse error's echo and caret."""
-    lines = (
-        message.split("regex parse error:", 1)[-1].splitlines()[1:]
-        if ("regex parse error:" in message)
-        else []
-    )
-    if len(lines) < 3 or "^" not in lines[1]:
-        return None
-    echoed, caret = lines[0], lines[1]
-    indent = len(echoed) - len(echoed.lstrip(" "))
-    reason = lines[2].removeprefix("error:").strip()
-    return echoed[indent:], max(0, caret.index("^") - indent), reason
-
-
-def locate(schema: Any, message: str) -> str | None:
-    """The JSON pointer of the last keyword or value the message names, if any."""
-    words = [w.strip("'\"`.,()[]") for w in message.replace(": ", " ").split()]
-    for word in reversed(words):
-        if word and word.lower() not in _PROSE:
-            found = _find(schema, word, "#")
-            if found is not None:
-                return found
-    return None
-
-
-# Words of llguidance's messages that are not schema names.
-_PROSE = frozenset(
-    {"a", "an", "the", "is", "does", "exist", "unknown", "invalid", "unimplemented",
-     "keys", "key", "type", "value", "of", "for", "in", "and", "or", "must", "be", "pointer"}
-)  # fmt: skip
-
-
-def _find(node: Any, word: str, path: str) -> str | None:
-    if isinstance(node, dict):
-        for key, child in node.items():
-            here = f"{path}/{key}"
-            if key == word or (isinstance(child, str) and _names(child, word)):
-                return here
-        for key, child in node.items():
-            found = _find(child, word, f"{path}/{key}")
-            if found is not None:
-                return found
-    elif isinstance(node, list):
-        for index, child in enumerate(node):
-            found = _find(child, word, f"{path}/{index}")
-            if found is not None:
-                return found
-    return None
-
-
-def _names(value: str, word: str) -> bool:
-    # A $ref's pointer is quoted without its leading "#".
-    return value == word or (word.startswith("/") and value == "#" + word)
