@@ -248,6 +248,14 @@ class ModelSettings(Section):
         check_source(value)
         return value
 
+    @field_validator("structured_outputs", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false (and `on` as true).
+        if isinstance(value, bool):
+            return "llguidance" if value else "off"
+        return value
+
     @field_validator("tool_call_parser")
     @classmethod
     def _known_tool_parser(cls, value: str | None) -> str | None:

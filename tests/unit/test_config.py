@@ -237,3 +237,12 @@ def test_serve_flags_become_overrides() -> None:
     assert [(m.name, m.source, m.aliases) for m in settings.models] == [
         ("tiny", "builtin:smollm2-135m-instruct", ["default"])
     ]
+
+
+def test_structured_outputs_backend_is_checked(tmp_path: Path) -> None:
+    model = "models:\n  - name: a\n    source: builtin:smollm2-135m-instruct\n"
+    good = write(tmp_path, model + "    structured_outputs: off\n")  # YAML reads false
+    assert load_settings(good).models[0].structured_outputs == "off"
+    bad = write(tmp_path, model + "    structured_outputs: xgrammar\n")
+    ((line, key, message),) = issues_of(bad)
+    assert (line, key) == (4, "models[0].structured_outputs") and "llguidance" in message
