@@ -135,9 +135,13 @@ def test_schemas_and_free_requests_share_a_batch(engine: Engine) -> None:
     schema_b = {"type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 2, "maxItems": 3}
     a = compile_(engine, Constraint("json_schema", schema_a)).bind(None)
     b = compile_(engine, Constraint("json_schema", schema_b)).bind(None)
+
+    def free(rid: str) -> GenerationRequest:  # greedy: the same text alone or batched
+        return GenerationRequest(rid, chat_tokens(engine, "Say hello."), 8)
+
     requests = [
         request(engine, "a", "Give a number.", a),
-        request(engine, "free", "Say hello.", None, max_tokens=8),
+        free("free"),
         request(engine, "b", "List colors.", b),
         request(engine, "a2", "Another number.", a),
     ]
@@ -145,14 +149,15 @@ def test_schemas_and_free_requests_share_a_batch(engine: Engine) -> None:
     async def main() -> list[tuple[str, Finished]]:
         return list(await asyncio.gather(*(_text(engine, r) for r in requests)))
 
-    (ta, fa), (free, _), (tb, fb), (ta2, _) = asyncio.run(main())
+    (ta, fa), (free_text, _), (tb, fb), (ta2, _) = asyncio.run(main())
+    alone, _ = asyncio.run(_text(engine, free("alone")))
+    assert free_text == alone  # the others' masks never touched its row
     assert fa.reason is fb.reason is FinishReason.STOP
     for text in (ta, ta2):
         value = json.loads(text)
         assert set(value) == {"n"} and 3 <= value["n"] <= 9
     colors = json.loads(tb)
     assert 2 <= len(colors) <= 3 and set(colors) <= {"red", "blue"}
-    assert free  # the unconstrained request was not masked into nothing
 
 
 def test_max_tokens_cuts_json_with_finish_length(engine: Engine) -> None:
@@ -179,6 +184,26 @@ def test_reasoning_stays_free_until_the_close_marker(engine: Engine) -> None:
         assert answer in ("yes", "no"), text
     else:  # never closed: all free, cut by max_tokens
         assert reason is FinishReason.LENGTH
+
+
+def test_reasoning_gate_steps_through_open_free_and_constrained(engine: Engine) -> None:
+    compiled = compile_(engine, Constraint("choice", ["yes", "no"]))
+    open_token, close_token, other = 100, 200, 300
+    process = compiled.make_processor(ReasoningGate((close_token,), open_token=open_token))
+    logits = mx.zeros((1, compiled.vocab_size))
+
+    def allowed(last: int) -> set[int]:
+        out = process(mx.array([1, 2, last]), logits)
+        return {i for i, ok in enumerate(mx.isfinite(out[0]).tolist()) if ok}
+
+    first = allowed(1)  # the answer's first token, or the reasoning's opening
+    answer_starts = first - {open_token}
+    assert open_token in first and answer_starts and len(first) < 100
+    assert len(allowed(open_token)) == compiled.vocab_size  # thinking: free
+    assert len(allowed(other)) == compiled.vocab_size
+    assert allowed(close_token) == answer_starts  # closed: the answer is constrained
+    *_, last = [allowed(t) for t in engine.tokenizer.encode("yes", add_special_tokens=False)]
+    assert last and last <= engine.eos_token_ids  # "yes" is complete: only the end is left
 
 
 def test_compiled_grammars_are_cached_by_content(engine: Engine) -> None:
