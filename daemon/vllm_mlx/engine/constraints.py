@@ -259,7 +259,12 @@ class ConstraintCompiler:
 
     def compile(self, constraint: Constraint) -> CompiledConstraint:
         """Blocking: run it on a worker thread (``prepare``)."""
-        key = constraint.key()
+        try:
+            key = constraint.key()
+        except (RecursionError, TypeError, ValueError) as exc:
+            raise ConstraintError(
+                f"the constraint cannot be read: {exc}", constraint.param
+            ) from exc
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:

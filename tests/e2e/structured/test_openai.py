@@ -305,6 +305,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
         "guided_json",
     ),
     ({"model": "smol-off", "guided_regex": "a"}, "turned off", "guided_regex"),
+    ({"guided_json": [1]}, "must be a JSON schema", "guided_json"),
 ]
 
 
@@ -329,6 +330,19 @@ def test_bad_constraint_on_completions_and_daemon_still_serves(daemon: DaemonPro
     assert (
         _post(daemon, {"guided_choice": ["ok"]}).json()["choices"][0]["message"]["content"] == "ok"
     )
+
+
+def test_a_schema_nested_thousands_deep_is_a_400(daemon: DaemonProcess) -> None:
+    deep = '{"type": "object", "properties": {"a": ' * 5000 + "{}" + "}}" * 5000
+    body = '{"model": "smol", "messages": [{"role": "user", "content": "x"}], "guided_json": '
+    response = httpx.post(
+        f"{daemon.base_url}/v1/chat/completions",
+        content=body + deep + "}",
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert response.status_code == 400
+    assert "nests deeper than" in response.json()["error"]["message"]
 
 
 def test_structured_off_falls_back_to_prompting_for_tool_choice(daemon: DaemonProcess) -> None:

@@ -319,12 +319,14 @@ def output_constraint(body: ChatCompletionRequest | CompletionRequest) -> Constr
     return found[0] if found else None
 
 
-def _json_constraint(value: dict[str, Any] | str, param: str) -> Constraint:
+def _json_constraint(value: Any, param: str) -> Constraint:
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise bad_request(f"'{param}' is not valid JSON: {exc}", param) from exc
+    if not isinstance(value, dict | bool):
+        raise bad_request(f"'{param}' must be a JSON schema (an object)", param)
     return Constraint("json_schema", value, param)
 
 

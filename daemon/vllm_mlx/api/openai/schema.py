@@ -91,7 +91,7 @@ class ResponseFormat(_Request):
 class StructuredOutputs(_Request):
     """vLLM's request extra: exactly one of these."""
 
-    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_: Any = Field(None, alias="json")  # a schema object, or its JSON text
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
@@ -129,7 +129,7 @@ class _SamplingFields(_Request):
     response_format: ResponseFormat | None = None
     # vLLM's structured-output extras, so clients written for vLLM work unchanged.
     structured_outputs: StructuredOutputs | None = None
-    guided_json: dict[str, Any] | str | None = None
+    guided_json: Any = None  # a schema object, or its JSON text
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
