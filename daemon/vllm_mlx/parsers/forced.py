@@ -70,16 +70,17 @@ class NamedCallParser(ToolCallParser):
 
     def feed(self, text: str) -> list[ParserEvent]:
         events: list[ParserEvent] = []
+        if not text:
+            return events
         if not self._started:
             assert self.tools is not None
             events.append(ToolCallStart(0, new_tool_call_id(), self.tools[0].name))
             self._started = True
-        if text:
-            events.append(ToolCallArgumentsDelta(0, text))
+        events.append(ToolCallArgumentsDelta(0, text))
         return events
 
     def finish(self) -> list[ParserEvent]:
-        return [] if self._started else self.feed("")
+        return []  # cut before any argument text (max_tokens while thinking): no call
 
     def spawn(self) -> NamedCallParser:
         return NamedCallParser(self.tools)

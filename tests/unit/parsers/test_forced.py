@@ -71,3 +71,8 @@ def test_call_list_schema_accepts_only_offered_calls(single: bool) -> None:
     if single:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(json.loads(OUTPUT), schema)
+
+
+def test_named_call_cut_before_any_argument_is_no_call() -> None:
+    parser = NamedCallParser([TIME])
+    assert parser.feed("") == [] and parser.finish() == []
