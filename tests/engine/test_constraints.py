@@ -17,6 +17,7 @@ from vllm_mlx.config import ModelSettings
 from vllm_mlx.engine.constraints import (
     CompiledConstraint,
     Constraint,
+    ConstraintCompiler,
     ConstraintError,
     ReasoningGate,
 )
@@ -210,6 +211,18 @@ def test_compiled_grammars_are_cached_by_content(engine: Engine) -> None:
     first = compile_(engine, Constraint("json_schema", {"type": "object", "x-k": 1}))
     again = compile_(engine, Constraint("json_schema", {"x-k": 1, "type": "object"}))
     assert first is again
+
+
+def test_the_compiled_grammar_cache_is_bounded(engine: Engine) -> None:
+    hf_tokenizer = engine.tokenizer._tokenizer
+    compiler = ConstraintCompiler(hf_tokenizer, sorted(engine.eos_token_ids), cache_entries=2)
+    a, b, c = (Constraint("regex", pattern) for pattern in ("a+", "b+", "c+"))
+    first, second = compiler.compile(a), compiler.compile(b)
+    assert compiler.compile(a) is first  # a is now the most recent
+    compiler.compile(c)  # evicts b, the least recently used
+    assert compiler.cached == 2
+    assert compiler.compile(a) is first
+    assert compiler.compile(b) is not second  # compiled again
 
 
 def test_bad_constraints_raise_with_the_location(engine: Engine) -> None:
