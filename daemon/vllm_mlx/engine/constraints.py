@@ -26,12 +26,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import llguidance
 import mlx.core as mx
 import numpy as np
+import structlog
 
 from vllm_mlx.engine.constraint_errors import describe_error
 from vllm_mlx.engine.types import EngineError
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
+
+log = structlog.get_logger(__name__)
 
 ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
 MaskObserver = Callable[[float], None]
@@ -168,6 +171,7 @@ class _MaskProcessor:
             return
         if not self.failed and not self._matcher.consume_token(token):
             self.failed = self._matcher.get_error() or "token rejected"
+            log.warning("constraint failed; ending the sequence", error=self.failed, token=token)
 
     def _allowed(self) -> np.ndarray[Any, np.dtype[np.bool_]]:
         vocab = self._compiled.vocab_size
