@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from vllm_mlx.api.errors import APIError, bad_request
 from vllm_mlx.api.generation import Target, model_settings_of
-from vllm_mlx.engine.constraints import Constraint, ConstraintError, ReasoningGate
+from vllm_mlx.api.prepare import off_loop
+from vllm_mlx.engine.constraints import (
+    CompiledConstraint,
+    Constraint,
+    ConstraintError,
+    ReasoningGate,
+)
 from vllm_mlx.engine.types import GenerationRequest
 from vllm_mlx.parsers.forced import (
     CallListParser,
@@ -84,13 +90,25 @@ async def constrain(target: Target, gen: GenerationRequest, constraint: Constrai
     if target.metrics is not None and compiler.observe is None:
         compiler.observe = target.metrics.mask_observer(target.name or target.model_id)
     try:
-        compiled = await compiler.prepare(constraint)
+        compiled = await _compile(target, constraint)
     except ConstraintError as exc:
         code = "invalid_json_schema" if constraint.kind == "json_schema" else "invalid_constraint"
         # The field goes in the message too: Anthropic's error shape has no param.
         message = f"{exc.param}: {exc}" if exc.param else str(exc)
         raise APIError(400, message, "invalid_request", exc.param, code) from exc
     gen.constraint = compiled.bind(reasoning_gate(target, gen))
+
+
+async def _compile(target: Target, constraint: Constraint) -> CompiledConstraint:
+    """Compile in the request worker pool (never on the event loop), bounded in time."""
+    compiler = target.engine.constraints
+    try:
+        return await off_loop(compiler.compile, constraint, limit_s=compiler.compile_timeout)
+    except APIError as exc:
+        if exc.status != 413:
+            raise
+        message = f"compiling the constraint took longer than {compiler.compile_timeout:g} s"
+        raise ConstraintError(message, constraint.param) from None
 
 
 def reasoning_gate(target: Target, gen: GenerationRequest) -> ReasoningGate | None:

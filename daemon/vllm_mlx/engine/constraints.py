@@ -6,14 +6,13 @@ each step, fills a bitmask of the tokens that keep the output valid in tens of
 microseconds. This module turns that into an mlx-lm logits processor for one request,
 so the mask only ever touches that request's row of the batch.
 
-Compiling happens off the event loop (``ConstraintCompiler.prepare``), bounded in size
-and time; compiled grammars are kept in a small LRU keyed by the constraint's hash and
-copied per request (a fresh matcher from a cached one costs microseconds).
+Compiling is for a worker thread (the API's request pool), bounded in size and time;
+compiled grammars are kept in a small LRU keyed by the constraint's hash and copied per
+request (a fresh matcher from a cached one costs microseconds).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import threading
@@ -262,7 +261,7 @@ class ConstraintCompiler:
             return self._tokenizer
 
     def compile(self, constraint: Constraint) -> CompiledConstraint:
-        """Blocking: run it on a worker thread (``prepare``)."""
+        """Blocking (up to compile_timeout): callers run it off the event loop."""
         try:
             key = constraint.key()
         except (RecursionError, TypeError, ValueError) as exc:
@@ -280,17 +279,6 @@ class ConstraintCompiler:
             while len(self._cache) > self._entries:
                 self._cache.popitem(last=False)
         return compiled
-
-    async def prepare(self, constraint: Constraint) -> CompiledConstraint:
-        """``compile`` on a worker thread; too slow is a 400, not a stuck request."""
-        try:
-            async with asyncio.timeout(self.compile_timeout):
-                return await asyncio.to_thread(self.compile, constraint)
-        except TimeoutError as exc:
-            raise ConstraintError(
-                f"compiling the constraint took longer than {self.compile_timeout:g} s",
-                constraint.param,
-            ) from exc
 
     def _compile(self, constraint: Constraint) -> CompiledConstraint:
         size = len(json.dumps(constraint.value))
