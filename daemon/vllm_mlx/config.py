@@ -377,6 +377,14 @@ class LimitsSettings(Section):
         "event loop, in a worker thread); longer gets 413.",
         gt=0,
     )
+    max_n: int = setting(
+        8,
+        Reload.HOT,
+        "Most choices (OpenAI `n`) one request may ask for. The choices share one prefill "
+        "but each holds its own KV cache and takes a decode slot.",
+        ge=1,
+        le=128,
+    )
 
 
 class AuthSettings(Section):

@@ -241,14 +241,19 @@ def output_parser_for(
 
 
 async def run_parsed(
-    target: Target, request: GenerationRequest, route: str, parser: OutputParser | None
+    target: Target,
+    request: GenerationRequest,
+    route: str,
+    parser: OutputParser | None,
+    source: AsyncIterator[OutputEvent] | None = None,
 ) -> AsyncIterator[ParsedEvent]:
-    """`run` with the text split into reasoning, content and tool calls.
+    """`run` (or `source`, a wrapper of it) with the text split into reasoning, content
+    and tool calls.
 
     The final Finished says TOOL_CALLS when the model stopped after calling tools.
     """
     called = False
-    async for event in run(target, request, route):
+    async for event in source or run(target, request, route):
         if isinstance(event, TextDelta):
             items = parser.feed(event.text) if parser else [ContentDelta(event.text)]
         else:
