@@ -209,6 +209,7 @@ def test_tokenize_prompt_round_trip_and_completion_usage(
         ("/tokenize", {"prompt": "x", "messages": QUESTION}),
         ("/tokenize", {}),
         ("/tokenize", {"prompt": "x", "model": "gpt-9"}),
+        ("/tokenize", {"messages": QUESTION, "chat_template_kwargs": {"chat_template": "x"}}),
         ("/detokenize", {"tokens": [10**9]}),
         ("/detokenize", {"tokens": "abc"}),
     ],
