@@ -422,6 +422,25 @@ class MetricsSettings(Section):
     )
 
 
+class ResponsesSettings(Section):
+    """The Responses API's store of finished responses (for previous_response_id)."""
+
+    store_max_entries: int = setting(
+        1000,
+        Reload.HOT,
+        "Most stored responses kept in memory for `previous_response_id` and "
+        "GET /v1/responses/{id}; the oldest go first. 0 = store nothing.",
+        ge=0,
+        le=1_000_000,
+    )
+    store_ttl: float = setting(
+        3600.0,
+        Reload.HOT,
+        "Seconds a stored response is kept after it was created.",
+        gt=0,
+    )
+
+
 class LoggingSettings(Section):
     level: Literal["debug", "info", "warning", "error"] = setting(
         "info", Reload.HOT, "Least severe level written."
@@ -477,6 +496,9 @@ class Settings(BaseSettings):
     limits: LimitsSettings = setting(LimitsSettings(), Reload.HOT, "Per-request bounds.")
     auth: AuthSettings = setting(AuthSettings(), Reload.HOT, "API keys and rate limits.")
     metrics: MetricsSettings = setting(MetricsSettings(), Reload.HOT, "Prometheus metrics.")
+    responses: ResponsesSettings = setting(
+        ResponsesSettings(), Reload.HOT, "The Responses API's response store."
+    )
     logging: LoggingSettings = setting(LoggingSettings(), Reload.HOT, "Log level and format.")
     paths: PathsSettings = setting(PathsSettings(), Reload.MODEL, "Where files are kept.")
     mcp: McpSettings = setting(McpSettings(), Reload.HOT, "MCP servers whose tools models use.")

@@ -141,7 +141,8 @@ async def generate_text(
                 logprobs = ()
             if hit is not None:
                 trace.finished_at = time.monotonic()
-                yield Finished(FinishReason.STOP, Usage(prompt_tokens, completion_tokens), hit)
+                usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens)
+                yield Finished(FinishReason.STOP, usage, hit)
                 return  # leaving the engine's iterator aborts the sequence
         elif isinstance(event, SequenceFinished):
             tail, hit = stops.feed(detokenizer.finish())
@@ -150,6 +151,6 @@ async def generate_text(
                 yield TextDelta(tail, logprobs)
             trace.finished_at = time.monotonic()
             reason = FinishReason.STOP if hit else event.reason
-            usage = Usage(prompt_tokens, completion_tokens)
+            usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens)
             yield Finished(reason, usage, hit, event.message, event.refused)
             return

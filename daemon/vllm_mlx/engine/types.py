@@ -153,6 +153,7 @@ EngineEvent = PromptProcessed | TokensGenerated | SequenceFinished
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not recomputed)
 
     @property
     def total_tokens(self) -> int:
