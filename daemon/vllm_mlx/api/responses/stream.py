@@ -35,7 +35,7 @@ def response_base(
     """The response object before any output: what response.created carries."""
     reasoning = body.reasoning
     text_format = body.text.format if body.text and body.text.format else None
-    return {
+    response: dict[str, Any] = {
         "id": response_id,
         "object": "response",
         "created_at": int(time.time()),
@@ -64,14 +64,15 @@ def response_base(
         "tools": [_tool_echo(tool) for tool in body.tools or []],
         "top_p": sampling.top_p,
         "truncation": body.truncation or "disabled",
-        "usage": None,
-        "user": body.user,
         "metadata": body.metadata or {},
         "service_tier": "default",
         "prompt_cache_key": body.prompt_cache_key,
         "safety_identifier": body.safety_identifier,
         "background": False,
     }
+    if body.user is not None:  # the spec has no null user
+        response["user"] = body.user
+    return response
 
 
 def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
