@@ -20,7 +20,7 @@ from vllm_mlx.api.sse import named_event
 from vllm_mlx.engine.types import Finished, FinishReason, SamplingParams, Usage
 from vllm_mlx.parsers import ContentDelta, ParserEvent, ToolSpec, make_output_parser
 
-SPECS = [ToolSpec("get_weather"), ToolSpec("tools.get_time")]
+SPECS = [ToolSpec("get_weather"), ToolSpec("get_time")]
 
 
 def builder(namespaces: dict[str, tuple[str, str]] | None = None, **body: Any) -> ResponseBuilder:
@@ -63,7 +63,7 @@ def done(reason: FinishReason = FinishReason.STOP) -> Finished:
 def replayed(pieces: int = 7) -> list[ParserEvent]:
     """The recorded reply, fed in `pieces` chunks through hermes + qwen3 parsers."""
     text = json.loads(HERMES_CALL.read_text())["text"]
-    parser = make_output_parser("hermes", "qwen3", SPECS[:1] + [ToolSpec("get_time")], False)
+    parser = make_output_parser("hermes", "qwen3", SPECS, False)
     size = len(text) // pieces + 1
     out: list[ParserEvent] = []
     for start in range(0, len(text), size):
