@@ -75,7 +75,10 @@ def check_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
     assert not open_items
     response: dict[str, Any] = events[-1]["response"]
     validate_response(response)
-    assert response["output"] == [done_items[i] for i in range(len(done_items))]
+    assert response["output"] == [done_items[i] for i in range(len(done_items))], (
+        response["output"],
+        done_items,
+    )
     return response
 
 
