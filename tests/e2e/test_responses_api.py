@@ -8,20 +8,18 @@ reply). Every response body and every stream event is checked against the OpenAI
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import DaemonProcess, running
+from tests.conftest import DaemonProcess
+from tests.e2e.conftest import RESPONSES_KEY as KEY
 from tests.e2e.ops_support import scrape, value, wait_for
-from tests.support.replay import CALLS, FIXTURES, HERMES_CALL, PARSERS, QUESTION, THOUGHT
+from tests.support.replay import CALLS, FIXTURES, QUESTION, THOUGHT
 from tests.support.responses import check_stream, parse_sse, validate_response
 
-KEY = "sk-responses-test"
 ANSWER = json.loads((FIXTURES / "anthropic_answer.json").read_text())["text"]
 TOOLS: list[Any] = [
     {
@@ -35,24 +33,8 @@ TOOLS: list[Any] = [
 
 
 @pytest.fixture(scope="module")
-def daemon(
-    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
-) -> Iterator[DaemonProcess]:
-    config = {
-        "models": [
-            {
-                "name": "smollm2-135m-instruct",
-                "source": "builtin:smollm2-135m-instruct",
-                "aliases": ["default"],
-            },
-            {"name": "replay", "source": f"replay:{HERMES_CALL}", **PARSERS},
-            {"name": "replay-answer", "source": f"replay:{FIXTURES / 'anthropic_answer.json'}"},
-        ],
-        "auth": {"api_keys": [KEY]},
-        "metrics": {"enabled": True},
-    }
-    with running(tmp_path_factory.mktemp("responses"), model_cache_dir, config) as process:
-        yield process
+def daemon(responses_daemon: DaemonProcess) -> DaemonProcess:
+    return responses_daemon
 
 
 @pytest.fixture(scope="module")
