@@ -16,7 +16,14 @@ import pytest
 
 from tests.conftest import DaemonProcess
 from tests.e2e.conftest import RESPONSES_KEY as KEY
-from tests.e2e.ops_support import scrape, value, wait_for
+from tests.e2e.ops_support import (
+    logged_statuses,
+    open_raw_request,
+    read_stream_id,
+    scrape,
+    value,
+    wait_for,
+)
 from tests.support.replay import CALLS, FIXTURES, QUESTION, THOUGHT
 from tests.support.responses import check_stream, parse_sse, validate_response
 
@@ -316,3 +323,20 @@ def test_auth_metrics_and_status_cover_the_route(
     assert wait_for(counted, 30, "the /v1/responses request to be counted") == 1
     status = httpx.get(f"{daemon.base_url}/v1/status", headers=headers)
     assert status.status_code == 200
+
+
+def test_client_disconnect_aborts_the_stream(daemon: DaemonProcess) -> None:
+    body = {
+        "model": "default",
+        "input": "Write a long essay about the sea.",
+        "max_output_tokens": 2000,
+        "stream": True,
+    }
+    sock = open_raw_request(daemon, "/v1/responses", body, {"Authorization": f"Bearer {KEY}"})
+    response_id = read_stream_id(sock)  # response.created carries the response's id
+    sock.close()
+
+    def aborted() -> int | None:
+        return logged_statuses(daemon).get(response_id)
+
+    assert wait_for(aborted, 60, "the abandoned request's log line") == 499

@@ -6,6 +6,7 @@ Anthropic messages; errors come back in OpenAI's shape.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ def _history(state: ServerState, body: CreateResponseRequest) -> list[dict[str, 
     return stored.conversation
 
 
-def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
+async def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
     target = resolve_target(state, body.model)
     convert.check_unsupported(body)
     items = convert.input_items(body)
@@ -79,8 +80,9 @@ def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
     offered = convert.offered(tools, body.tool_choice)
     messages = convert.chat_messages([*history, *items], body.instructions, len(history))
     tokenizer = target.engine.tokenizer
-    tokens = render_chat(
-        tokenizer, messages, offered.template or None, convert.template_kwargs(body)
+    # Agent prompts run to thousands of tokens: render them off the event loop.
+    tokens = await asyncio.to_thread(
+        render_chat, tokenizer, messages, offered.template or None, convert.template_kwargs(body)
     )
     sampling = sampling_params(target.settings, temperature=body.temperature, top_p=body.top_p)
     gen = build_request(
@@ -167,7 +169,7 @@ async def _complete(state: ServerState, turn: _Turn) -> dict[str, Any]:
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, CreateResponseRequest)
     state = server_state(request)
-    turn = _prepare(state, body)
+    turn = await _prepare(state, body)
     if body.stream:
         return Stream(_stream(state, turn), media_type="text/event-stream", headers=SSE_HEADERS)
     return Response(await _complete(state, turn))
