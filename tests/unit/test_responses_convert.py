@@ -150,6 +150,7 @@ def test_bad_items_name_the_field(items: list[Any], param: str, words: str) -> N
 
 def test_empty_input_needs_a_previous_response() -> None:
     assert error("").param == "input"
+    assert error([]).param == "input"
     assert convert.input_items(body(input=None, previous_response_id="resp_1")) == []
 
 

@@ -67,9 +67,9 @@ def validated(model: type[BaseModelT], data: Any, where: str) -> BaseModelT:
 
 def input_items(body: CreateResponseRequest) -> list[dict[str, Any]]:
     """The request's input as checked items in wire form, each with an id (for storage)."""
-    if body.input is None or body.input == "":
+    if body.input is None or len(body.input) == 0:
         if body.previous_response_id is None:
-            raise bad_request("'input' is required", "input")
+            raise bad_request("'input' is required and must not be empty", "input")
         return []
     if isinstance(body.input, str):
         item = MessageItem(role="user", content=body.input)
