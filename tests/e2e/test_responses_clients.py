@@ -158,6 +158,7 @@ def test_codex_exec_completes_a_turn(
     (home / "config.toml").write_text(config)
     last = tmp_path / "last-message.txt"
     env = {**os.environ, "CODEX_HOME": str(home), "VLLM_MLX_API_KEY": KEY}
+    seen = len(daemon.log_text().splitlines())  # the daemon is shared: earlier lines are not ours
     result = subprocess.run(
         [
             str(codex_bin),
@@ -177,7 +178,8 @@ def test_codex_exec_completes_a_turn(
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert last.read_text().strip(), result.stdout[-3000:]
-    lines = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
+    logged = daemon.log_text().splitlines()[seen:]
+    lines = [json.loads(line) for line in logged if line.startswith("{")]
     served = [
         line
         for line in lines
