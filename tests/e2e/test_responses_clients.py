@@ -21,6 +21,7 @@ from agents.models.openai_provider import OpenAIProvider
 
 from tests.conftest import DaemonProcess
 from tests.e2e.conftest import RESPONSES_KEY as KEY
+from tests.e2e.ops_support import wait_for
 from tests.support.replay import FIXTURES, QUESTION
 
 ANSWER = json.loads((FIXTURES / "anthropic_answer.json").read_text())["text"]
@@ -178,13 +179,20 @@ def test_codex_exec_completes_a_turn(
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert last.read_text().strip(), result.stdout[-3000:]
-    logged = daemon.log_text().splitlines()[seen:]
-    lines = [json.loads(line) for line in logged if line.startswith("{")]
-    served = [
-        line
-        for line in lines
-        if line.get("event") == "request" and line.get("route") == "/v1/responses"
-    ]
-    assert served and all(line["status"] == 200 for line in served)
+
+    def served() -> list[dict[str, Any]] | None:
+        # A request's log line follows its last event, so it may trail Codex's exit.
+        logged = daemon.log_text().splitlines()[seen:]
+        lines = [json.loads(line) for line in logged if line.startswith("{")]
+        done = [
+            line
+            for line in lines
+            if line.get("event") == "request" and line.get("route") == "/v1/responses"
+        ]
+        return lines if done else None
+
+    lines = wait_for(served, 30, "Codex's requests in the daemon log")
+    requests = [line for line in lines if line.get("event") == "request"]
+    assert all(line["status"] == 200 for line in requests)
     # Codex offers hosted tools (web_search) too: left out, with a warning, never an error.
     assert any("web_search" in line.get("tool_types", []) for line in lines)
