@@ -61,7 +61,6 @@ def test_agents_sdk_runs_an_agent_with_function_tools(daemon: DaemonProcess) -> 
     )
     caller = Agent(
         name="weather",
-        instructions="Use the tools.",
         model="replay",  # forced to call get_weather and get_time
         tools=[get_weather, get_time],
         tool_use_behavior="stop_on_first_tool",
