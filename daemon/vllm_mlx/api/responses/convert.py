@@ -246,6 +246,7 @@ class ToolSet:
     specs: list[ToolSpec]
     namespaces: dict[str, tuple[str, str]]  # flat name -> (namespace, name)
     left_out: list[str]  # tool types a local server cannot run
+    params: dict[str, str] = field(default_factory=dict)  # flat name -> its schema's path
 
 
 def tool_set(body: CreateResponseRequest) -> ToolSet:
@@ -254,22 +255,26 @@ def tool_set(body: CreateResponseRequest) -> ToolSet:
         where = f"tools[{index}]"
         kind = raw.get("type")
         if kind == "function":
-            _add_function(tools, validated(FunctionTool, raw, where), None)
+            _add_function(tools, validated(FunctionTool, raw, where), None, where)
         elif kind == "namespace":
             namespace = validated(NamespaceTool, raw, where)
             for position, inner in enumerate(namespace.tools):
                 if inner.get("type") != "function":
                     tools.left_out.append(f"{namespace.name}.{inner.get('type')}")
                     continue
-                function = validated(FunctionTool, inner, f"{where}.tools[{position}]")
-                _add_function(tools, function, namespace.name)
+                inner_where = f"{where}.tools[{position}]"
+                function = validated(FunctionTool, inner, inner_where)
+                _add_function(tools, function, namespace.name, inner_where)
         else:
             tools.left_out.append(str(kind))
     return tools
 
 
-def _add_function(tools: ToolSet, function: FunctionTool, namespace: str | None) -> None:
+def _add_function(
+    tools: ToolSet, function: FunctionTool, namespace: str | None, where: str
+) -> None:
     name = flat_name(namespace, function.name)
+    tools.params[name] = f"{where}.parameters"
     spec: dict[str, Any] = {"name": name, "parameters": function.parameters or {}}
     if function.description:
         spec["description"] = function.description
@@ -284,7 +289,7 @@ def offered(tools: ToolSet, choice: str | dict[str, Any] | None) -> ToolSet:
     if choice is None or choice in ("auto", "required"):
         return tools
     if choice == "none":
-        return ToolSet([], [], tools.namespaces, tools.left_out)
+        return ToolSet([], [], tools.namespaces, tools.left_out, tools.params)
     if isinstance(choice, str):
         raise bad_request(
             f"tool_choice must be none, auto, required or an object, not {choice!r}",
@@ -297,6 +302,7 @@ def offered(tools: ToolSet, choice: str | dict[str, Any] | None) -> ToolSet:
         [tools.specs[i] for i in keep],
         tools.namespaces,
         tools.left_out,
+        tools.params,
     )
 
 
