@@ -34,7 +34,7 @@ from vllm_mlx.api.responses.schema import CreateResponseRequest
 from vllm_mlx.api.responses.stream import Event, ResponseBuilder, response_base
 from vllm_mlx.api.sse import SSE_HEADERS, named_event
 from vllm_mlx.api.state import ServerState
-from vllm_mlx.engine.types import Finished, FinishReason, GenerationRequest
+from vllm_mlx.engine.types import Finished, GenerationRequest
 from vllm_mlx.parsers.pipeline import OutputParser
 
 ROUTE = "/v1/responses"
@@ -84,7 +84,7 @@ async def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
     tokens = await asyncio.to_thread(
         render_chat, tokenizer, messages, offered.template or None, convert.template_kwargs(body)
     )
-    sampling = sampling_params(target.settings, temperature=body.temperature, top_p=body.top_p)
+    sampling = sampling_params(target, temperature=body.temperature, top_p=body.top_p)
     gen = build_request(
         target, convert.new_id("resp"), tokens, body.max_output_tokens, sampling, ()
     )
@@ -117,14 +117,6 @@ def _keep(state: ServerState, turn: _Turn) -> None:
     )
 
 
-def _failure(finished: Finished) -> APIError | None:
-    if finished.reason is FinishReason.ERROR:
-        return APIError(500, finished.message or "generation failed", "server_error")
-    if finished.reason is FinishReason.ABORT:
-        return APIError(503, finished.message or "generation was aborted", "unavailable")
-    return None
-
-
 def _events(turn: _Turn) -> AsyncGenerator[ParsedEvent, None]:
     return run_parsed(turn.target, turn.gen, ROUTE, turn.parser)
 
@@ -141,8 +133,7 @@ async def _stream(state: ServerState, turn: _Turn) -> AsyncIterator[bytes]:
                     for event in builder.feed(output):
                         yield _sse(event)
                     continue
-                error = _failure(output)
-                for event in builder.fail(error) if error else builder.finish(output):
+                for event in builder.finish(output):
                     yield _sse(event)
     except Exception as exc:  # headers are sent: the error travels as response.failed
         for event in builder.fail(to_api_error(exc)):
@@ -156,9 +147,6 @@ async def _complete(state: ServerState, turn: _Turn) -> dict[str, Any]:
             if not isinstance(output, Finished):
                 turn.builder.feed(output)
                 continue
-            error = _failure(output)
-            if error is not None:
-                raise error
             turn.builder.finish(output)
             _keep(state, turn)
             return turn.builder.response
