@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.responses import convert
+from vllm_mlx.api.responses import convert, tools
 from vllm_mlx.api.responses.schema import CreateResponseRequest
 from vllm_mlx.api.responses.store import ResponseStore
 
@@ -28,7 +28,7 @@ def error(items: Any, **fields: Any) -> APIError:
         request = body(input=items, **fields)
         convert.check_unsupported(request)
         convert.chat_messages(convert.input_items(request), None, 0)
-        convert.offered(convert.tool_set(request), request.tool_choice)
+        tools.offered(tools.tool_set(request), request.tool_choice)
     assert caught.value.status == 400
     return caught.value
 
@@ -172,15 +172,15 @@ def test_tools_namespaces_and_hosted_types() -> None:
             {"type": "image_generation"},
         ],
     )
-    tools = convert.tool_set(request)
-    assert [spec.name for spec in tools.specs] == ["get_weather", "mcp.read"]
-    assert tools.template[1]["function"] == {
+    toolset = tools.tool_set(request)
+    assert [spec.name for spec in toolset.specs] == ["get_weather", "mcp.read"]
+    assert toolset.template[1]["function"] == {
         "name": "mcp.read",
         "parameters": {},
         "description": "Read a file",
     }
-    assert tools.namespaces == {"mcp.read": ("mcp", "read")}
-    assert tools.left_out == ["web_search", "mcp.custom", "image_generation"]
+    assert toolset.namespaces == {"mcp.read": ("mcp", "read")}
+    assert toolset.left_out == ["web_search", "mcp.custom", "image_generation"]
 
 
 @pytest.mark.parametrize(
@@ -203,7 +203,7 @@ def test_tools_namespaces_and_hosted_types() -> None:
 )
 def test_tool_choice_narrows_the_offer(choice: Any, names: list[str]) -> None:
     request = body(input="x", tools=[WEATHER, {**WEATHER, "name": "f2"}], tool_choice=choice)
-    offered = convert.offered(convert.tool_set(request), request.tool_choice)
+    offered = tools.offered(tools.tool_set(request), request.tool_choice)
     assert [spec.name for spec in offered.specs] == names
 
 

@@ -29,7 +29,7 @@ from vllm_mlx.api.generation import (
     sampling_params,
 )
 from vllm_mlx.api.openai.routes import openai_error_response
-from vllm_mlx.api.responses import convert
+from vllm_mlx.api.responses import convert, tools
 from vllm_mlx.api.responses.schema import CreateResponseRequest
 from vllm_mlx.api.responses.stream import Event, ResponseBuilder, response_base
 from vllm_mlx.api.sse import SSE_HEADERS, named_event
@@ -76,8 +76,8 @@ async def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
     convert.check_unsupported(body)
     items = convert.input_items(body)
     history = _history(state, body)
-    tools = convert.tool_set(body)
-    offered = convert.offered(tools, body.tool_choice)
+    toolset = tools.tool_set(body)
+    offered = tools.offered(toolset, body.tool_choice)
     messages = convert.chat_messages([*history, *items], body.instructions, len(history))
     tokenizer = target.engine.tokenizer
     # Agent prompts run to thousands of tokens: render them off the event loop.
@@ -88,7 +88,7 @@ async def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
     gen = build_request(
         target, convert.new_id("resp"), tokens, body.max_output_tokens, sampling, ()
     )
-    convert.warn_left_out(tools, gen.request_id)
+    tools.warn_left_out(toolset, gen.request_id)
     # No tools offered (none given, or tool_choice none): calls stay plain text.
     parser = output_parser_for(target, gen, offered.specs or None)
 
