@@ -26,6 +26,7 @@ from tests.e2e.ops_support import (
 )
 from tests.support.replay import CALLS, FIXTURES, QUESTION, THOUGHT
 from tests.support.responses import check_stream, parse_sse, validate_response
+from tests.support.spec import validate_openai
 
 ANSWER = json.loads((FIXTURES / "anthropic_answer.json").read_text())["text"]
 TOOLS: list[Any] = [
@@ -340,3 +341,27 @@ def test_client_disconnect_aborts_the_stream(daemon: DaemonProcess) -> None:
         return logged_statuses(daemon).get(response_id)
 
     assert wait_for(aborted, 60, "the abandoned request's log line") == 499
+
+
+def test_input_items_pages(client: openai.OpenAI, daemon: DaemonProcess) -> None:
+    turns = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+    ]
+    response = client.responses.create(model="default", input=turns, max_output_tokens=4)  # type: ignore[arg-type]
+    url = f"{daemon.base_url}/v1/responses/{response.id}/input_items"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    first = httpx.get(url, params={"limit": 3, "order": "asc"}, headers=headers).json()
+    validate_openai("ResponseItemList", first)
+    assert [item["role"] for item in first["data"]] == ["developer", "user", "assistant"]
+    assert first["has_more"] is True and first["last_id"] == first["data"][-1]["id"]
+    rest = httpx.get(
+        url, params={"limit": 3, "order": "asc", "after": first["last_id"]}, headers=headers
+    ).json()
+    assert [item["role"] for item in rest["data"]] == ["user"] and rest["has_more"] is False
+    newest = client.responses.input_items.list(response.id, limit=1)  # default order: desc
+    assert [item.role for item in newest.data] == ["user"]  # type: ignore[union-attr]
+    bad = httpx.get(url, params={"limit": 0}, headers=headers)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
