@@ -6,7 +6,6 @@ Anthropic messages; errors come back in OpenAI's shape.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from vllm_mlx.api.generation import (
     sampling_params,
 )
 from vllm_mlx.api.openai.routes import openai_error_response
+from vllm_mlx.api.prepare import prompt_tokens
 from vllm_mlx.api.responses import convert, tools
 from vllm_mlx.api.responses.schema import CreateResponseRequest
 from vllm_mlx.api.responses.stream import Event, ResponseBuilder, response_base
@@ -80,9 +80,14 @@ async def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
     offered = tools.offered(toolset, body.tool_choice)
     messages = convert.chat_messages([*history, *items], body.instructions, len(history))
     tokenizer = target.engine.tokenizer
-    # Agent prompts run to thousands of tokens: render them off the event loop.
-    tokens = await asyncio.to_thread(
-        render_chat, tokenizer, messages, offered.template or None, convert.template_kwargs(body)
+    # Agent prompts run to thousands of tokens: rendered off the event loop, time-bounded.
+    tokens = await prompt_tokens(
+        target,
+        render_chat,
+        tokenizer,
+        messages,
+        offered.template or None,
+        convert.template_kwargs(body),
     )
     sampling = sampling_params(target, temperature=body.temperature, top_p=body.top_p)
     gen = build_request(

@@ -19,8 +19,9 @@ MAX_METADATA_VALUE = 512
 
 class _Wire(BaseModel):
     # Clients send fields this server has no use for (and new ones appear often);
-    # they are accepted and ignored, as OpenAI-compatible servers do.
-    model_config = ConfigDict(extra="ignore")
+    # they are accepted and ignored, as OpenAI-compatible servers do. Types are strict,
+    # like the other protocols': "0.5" is not a number, 1 is not true.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 # --- input items -------------------------------------------------------------------
