@@ -16,7 +16,9 @@ from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.mcp_routes import make_mcp_router
 from vllm_mlx.api.openai.routes import make_openai_router
 from vllm_mlx.api.ops import health, install_ops, metrics, status
+from vllm_mlx.api.responses.routes import make_responses_router
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.tokenize import make_tokenize_router
 
 
 def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -53,6 +55,8 @@ def create_app(state: ServerState) -> Litestar:
             make_openai_router(),
             make_anthropic_router(),
             make_mcp_router(),
+            make_tokenize_router(),
+            make_responses_router(),
         ],
         state=State({"server": state}),
         exception_handlers={Exception: _plain_error},

@@ -393,6 +393,14 @@ class LimitsSettings(Section):
         "event loop, in a worker thread); longer gets 413.",
         gt=0,
     )
+    max_n: int = setting(
+        8,
+        Reload.HOT,
+        "Most choices (OpenAI `n`) one request may ask for. The choices share one prefill "
+        "but each holds its own KV cache and takes a decode slot.",
+        ge=1,
+        le=128,
+    )
 
 
 class AuthSettings(Section):
@@ -427,6 +435,25 @@ class AuthSettings(Section):
 class MetricsSettings(Section):
     enabled: bool = setting(
         False, Reload.HOT, "Serve Prometheus metrics at GET /metrics (404 when off)."
+    )
+
+
+class ResponsesSettings(Section):
+    """The Responses API's store of finished responses (for previous_response_id)."""
+
+    store_max_entries: int = setting(
+        1000,
+        Reload.HOT,
+        "Most stored responses kept in memory for `previous_response_id` and "
+        "GET /v1/responses/{id}; the oldest go first. 0 = store nothing.",
+        ge=0,
+        le=1_000_000,
+    )
+    store_ttl: float = setting(
+        3600.0,
+        Reload.HOT,
+        "Seconds a stored response is kept after it was created.",
+        gt=0,
     )
 
 
@@ -485,6 +512,9 @@ class Settings(BaseSettings):
     limits: LimitsSettings = setting(LimitsSettings(), Reload.HOT, "Per-request bounds.")
     auth: AuthSettings = setting(AuthSettings(), Reload.HOT, "API keys and rate limits.")
     metrics: MetricsSettings = setting(MetricsSettings(), Reload.HOT, "Prometheus metrics.")
+    responses: ResponsesSettings = setting(
+        ResponsesSettings(), Reload.HOT, "The Responses API's response store."
+    )
     logging: LoggingSettings = setting(LoggingSettings(), Reload.HOT, "Log level and format.")
     paths: PathsSettings = setting(PathsSettings(), Reload.MODEL, "Where files are kept.")
     mcp: McpSettings = setting(McpSettings(), Reload.HOT, "MCP servers whose tools models use.")

@@ -134,9 +134,9 @@ def test_unknown_model_is_404_model_not_found(client: openai.OpenAI) -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-        ({"n": 3}, "n"),
+        ({"n": 0}, "n"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
-        ({"top_p": 0}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
     ],
 )
 def test_invalid_parameters_are_400_in_openai_shape(

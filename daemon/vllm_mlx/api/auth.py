@@ -27,8 +27,12 @@ def protocol_of(path: str, headers: Mapping[str, str]) -> Protocol:
     return "openai"
 
 
+# vLLM serves these beside /v1, not under it; the rate limit counts them like /v1.
+_ROOT_API_PATHS = frozenset({"/tokenize", "/detokenize"})
+
+
 def is_api_path(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/")
+    return path == "/v1" or path.startswith("/v1/") or path in _ROOT_API_PATHS
 
 
 def presented_keys(headers: Mapping[str, str]) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 
 import structlog
@@ -241,14 +242,19 @@ def output_parser_for(
 
 
 async def run_parsed(
-    target: Target, request: GenerationRequest, route: str, parser: OutputParser | None
-) -> AsyncIterator[ParsedEvent]:
-    """`run` with the text split into reasoning, content and tool calls.
+    target: Target,
+    request: GenerationRequest,
+    route: str,
+    parser: OutputParser | None,
+    source: AsyncIterator[OutputEvent] | None = None,
+) -> AsyncGenerator[ParsedEvent, None]:
+    """`run` (or `source`, a wrapper of it) with the text split into reasoning, content
+    and tool calls.
 
     The final Finished says TOOL_CALLS when the model stopped after calling tools.
     """
     called = False
-    async for event in run(target, request, route):
+    async for event in source or run(target, request, route):
         if isinstance(event, TextDelta):
             items = parser.feed(event.text) if parser else [ContentDelta(event.text)]
         else:
@@ -261,4 +267,29 @@ async def run_parsed(
         if isinstance(event, Finished):
             if called and event.reason is FinishReason.STOP:
                 event = replace(event, reason=FinishReason.TOOL_CALLS)
+            yield event
+
+
+async def coalesced(
+    events: AsyncGenerator[ParsedEvent, None], interval: int
+) -> AsyncGenerator[ParsedEvent, None]:
+    """Join runs of text (or reasoning) deltas into one per `interval` tokens
+    (engine.stream_interval); every other event passes at once."""
+    pending: list[str] = []
+    kind: type[ContentDelta] | type[ReasoningDelta] = ContentDelta
+    async with aclosing(events):  # closing this closes the generation at once
+        async for event in events:
+            if isinstance(event, ContentDelta | ReasoningDelta):
+                if pending and not isinstance(event, kind):
+                    yield kind("".join(pending))
+                    pending = []
+                kind = type(event)
+                pending.append(event.text)
+                if len(pending) >= interval:
+                    yield kind("".join(pending))
+                    pending = []
+                continue
+            if pending:
+                yield kind("".join(pending))
+                pending = []
             yield event

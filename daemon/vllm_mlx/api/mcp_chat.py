@@ -28,6 +28,7 @@ from vllm_mlx.api.openai.schema import (
     ChatCompletionRequest,
     ChatMessage,
     MessageToolCall,
+    NamedToolChoice,
     Tool,
     ToolCallFunction,
 )
@@ -107,7 +108,13 @@ def extended(
         ChatMessage(role="tool", tool_call_id=call[0], content=result.text)
         for call, result in zip(calls, results, strict=True)
     ]
-    return body.model_copy(update={"messages": [*body.messages, assistant, *answers]})
+    # A forced choice (required, a named function) was honoured by this round's calls;
+    # forcing it again would leave the model no way to answer with the results.
+    choice = body.tool_choice
+    if choice == "required" or isinstance(choice, NamedToolChoice):
+        choice = "auto"
+    messages = [*body.messages, assistant, *answers]
+    return body.model_copy(update={"messages": messages, "tool_choice": choice})
 
 
 def _record(round_no: int, call: Call, result: ToolResult) -> dict[str, Any]:

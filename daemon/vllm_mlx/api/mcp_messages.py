@@ -196,7 +196,13 @@ def _extended(
             for use, result in zip(uses, results, strict=True)
         ],
     })  # fmt: skip
-    return body.model_copy(update={"messages": [*body.messages, assistant, answers]})
+    # A forced choice (any, a named tool) was honoured by this round's calls; forcing it
+    # again would leave the model no way to answer with the results.
+    choice = body.tool_choice
+    if choice is not None and choice.type in ("any", "tool"):
+        choice = choice.model_copy(update={"type": "auto", "name": None})
+    messages = [*body.messages, assistant, answers]
+    return body.model_copy(update={"messages": messages, "tool_choice": choice})
 
 
 def _record(round_no: int, use: dict[str, Any], result: ToolResult) -> dict[str, Any]:

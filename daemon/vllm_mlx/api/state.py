@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_mlx.api.responses.store import ResponseStore
 from vllm_mlx.config import Settings
 from vllm_mlx.engine.registry import ModelRegistry
 from vllm_mlx.mcp.manager import McpManager
@@ -26,6 +27,8 @@ class ServerState:
     pending_changes: list[str] = field(default_factory=list)  # need a reload (SIGHUP)
     # Each daemon's own registry: counters survive hot reloads, tests get fresh ones.
     metrics: Metrics = field(default_factory=Metrics)
+    # Stored Responses API results (previous_response_id); bounds read per call.
+    responses: ResponseStore = field(default_factory=ResponseStore)
     # MCP servers; the daemon applies `settings.mcp` to it at start and on every reload.
     mcp: McpManager = field(init=False)
 

@@ -20,6 +20,7 @@ from vllm_mlx.engine.types import (
     PromptProcessed,
     SequenceFinished,
     TextDelta,
+    TokenLogprob,
     TokensGenerated,
     Usage,
 )
@@ -116,11 +117,16 @@ async def generate_text(
     stops = StopMatcher(request.stop)
     completion_tokens = 0
     prompt_tokens = len(request.prompt_tokens)
+    # Logprobs of tokens whose text is held back (partial character, possible stop
+    # string) ride with the next delta that carries text.
+    logprobs: tuple[TokenLogprob, ...] = ()
     async for event in engine.events(request):
         if isinstance(event, PromptProcessed):
             trace.prefill_done_at = event.at
             trace.cached_tokens = event.cached_tokens
             trace.prefill_started_at = event.started_at
+            if event.prompt_logprobs is not None:
+                yield TextDelta("", prompt_logprobs=event.prompt_logprobs)
         elif isinstance(event, TokensGenerated):
             now = time.monotonic()
             if trace.first_token_at is None:
@@ -128,20 +134,23 @@ async def generate_text(
             trace.token_times.append(now)
             completion_tokens += len(event.tokens)
             trace.completion_tokens = completion_tokens
+            logprobs += event.logprobs
             text, hit = stops.feed(detokenizer.add(event.tokens))
-            if text:
-                yield TextDelta(text)
+            if text or (hit is not None and logprobs):
+                yield TextDelta(text, logprobs)
+                logprobs = ()
             if hit is not None:
                 trace.finished_at = time.monotonic()
-                yield Finished(FinishReason.STOP, Usage(prompt_tokens, completion_tokens), hit)
+                usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens)
+                yield Finished(FinishReason.STOP, usage, hit)
                 return  # leaving the engine's iterator aborts the sequence
         elif isinstance(event, SequenceFinished):
             tail, hit = stops.feed(detokenizer.finish())
             tail += "" if hit else stops.flush()
-            if tail:
-                yield TextDelta(tail)
+            if tail or logprobs:
+                yield TextDelta(tail, logprobs)
             trace.finished_at = time.monotonic()
             reason = FinishReason.STOP if hit else event.reason
-            usage = Usage(prompt_tokens, completion_tokens)
+            usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens)
             yield Finished(reason, usage, hit, event.message, event.refused)
             return

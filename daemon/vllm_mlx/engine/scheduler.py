@@ -20,6 +20,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.cache import PrefixCache
+from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
 from vllm_mlx.engine.sampling import (
     Fault,
     LogitsProcessor,
@@ -36,6 +37,7 @@ from vllm_mlx.engine.types import (
     GenerationRequest,
     PromptProcessed,
     SequenceFinished,
+    TokenLogprob,
     TokensGenerated,
 )
 
@@ -59,6 +61,9 @@ class _Slot:
     prefill_started_at: float | None = None
     first_token_at: float | None = None
     fault: Fault = field(default_factory=Fault)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    raw: RawCapture | None = None  # raw-logprobs requests with logits processors
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,7 @@ class Scheduler:
         engine's own guard, so no caller can put a bad value into a shared step)."""
         for _, message in request.sampling.problems(self.vocab_size):
             return message
-        if request.max_tokens < 1:
+        if request.max_tokens < 1 and request.prompt_logprobs is None:  # 0: score only
             return "max_tokens must be at least 1"
         tokens = request.prompt_tokens
         if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
@@ -231,8 +236,17 @@ class Scheduler:
             command.sink(SequenceFinished(FinishReason.ERROR, refusal, refused=True))
             return
         fault = Fault()
-        hit = self.prefix_cache.lookup(request.prompt_tokens)
         try:
+            if request.shared is None and request.prompt_logprobs is None:
+                hit, scores = self.prefix_cache.lookup(request.prompt_tokens), None
+                reused = hit.cached
+            else:  # n sequences from one prefill, or a prompt to score
+                hit, reused, scores = shared_prefill(self._model, self.prefix_cache, request)
+            if request.max_tokens == 0:  # scored, nothing to generate
+                command.sink(PromptProcessed(time.monotonic(), reused, prompt_logprobs=scores))
+                command.sink(SequenceFinished(FinishReason.LENGTH))
+                return
+            processors = self._processors(request, fault)
             (uid,) = self._generator.insert(
                 [hit.rest],
                 max_tokens=[request.max_tokens],
@@ -241,13 +255,15 @@ class Scheduler:
                 caches=None if hit.cache is None else [hit.cache],
                 all_tokens=[list(request.prompt_tokens[: hit.cached])],
                 samplers=[self._sampler(request, fault)],
-                logits_processors=[self._processors(request, fault)],
+                logits_processors=[processors],
             )
         except Exception as exc:
             command.sink(SequenceFinished(FinishReason.ERROR, f"cannot schedule: {exc}"))
             return
         slot = _Slot(request, command.sink, uid, prompt_done=hit.cached, fault=fault)
-        slot.cached_tokens = hit.cached
+        slot.cached_tokens = reused
+        slot.prompt_logprobs = scores
+        slot.raw = next((p for p in processors if isinstance(p, RawCapture)), None)
         self._slots[uid] = slot
         self._by_request[request.request_id] = slot
 
@@ -270,7 +286,10 @@ class Scheduler:
             processors.append(request.constraint.make_processor())
         if self._forced is not None:
             processors.append(make_forcing_processor(self._forced, min(self._eos)))
-        return [guard_processor(p, fault) for p in processors]
+        guarded: list[LogitsProcessor] = [guard_processor(p, fault) for p in processors]
+        if request.logprobs is not None and request.logprobs_raw and guarded:
+            guarded.insert(0, RawCapture())  # first, so it sees the logits unchanged
+        return guarded
 
     @staticmethod
     def _post(slot: _Slot, event: EngineEvent) -> None:
@@ -280,10 +299,13 @@ class Scheduler:
         except Exception:
             log.exception("event sink failed", request_id=slot.request.request_id)
 
-    def _finish(self, slot: _Slot, event: SequenceFinished) -> None:
+    def _flush(self, slot: _Slot) -> None:
         if slot.pending:
-            self._post(slot, TokensGenerated(slot.pending))
-            slot.pending = []
+            self._post(slot, TokensGenerated(slot.pending, tuple(slot.pending_logprobs)))
+            slot.pending, slot.pending_logprobs = [], []
+
+    def _finish(self, slot: _Slot, event: SequenceFinished) -> None:
+        self._flush(slot)
         self._post(slot, event)
         self._slots.pop(slot.uid, None)
         self._by_request.pop(slot.request.request_id, None)
@@ -310,10 +332,14 @@ class Scheduler:
                 slot.phase = "generation"
                 self.stats.prompt_tokens += len(slot.request.prompt_tokens)
                 processed = PromptProcessed(
-                    now, cached_tokens=slot.cached_tokens, started_at=slot.prefill_started_at
+                    now,
+                    cached_tokens=slot.cached_tokens,
+                    started_at=slot.prefill_started_at,
+                    prompt_logprobs=slot.prompt_logprobs,
                 )
                 self._post(slot, processed)
         finished: list[tuple[_Slot, str]] = []
+        scored: list[tuple[_Slot, Any]] = []
         for gen in generation_responses:
             slot = self._slots.get(gen.uid)
             if slot is None or slot.fault.message is not None:
@@ -324,19 +350,35 @@ class Scheduler:
             self.stats.generated_tokens += 1
             if not (gen.finish_reason == "stop" and gen.token in self._eos):
                 slot.pending.append(gen.token)
+                if slot.request.logprobs is not None:
+                    scored.append((slot, gen))
             if gen.finish_reason is not None:
                 finished.append((slot, gen.finish_reason))
                 if gen.prompt_cache is not None and gen.all_tokens:
                     self.prefix_cache.store(gen.all_tokens, gen.prompt_cache)
+        if scored:
+            self._add_logprobs(scored)
         for slot in self._slots.values():
-            if slot.pending:
-                self._post(slot, TokensGenerated(slot.pending))
-                slot.pending = []
+            self._flush(slot)
         for slot, reason in finished:
-            self._finish(slot, SequenceFinished(FinishReason(reason)))
+            if slot.uid in self._slots:  # not failed above
+                self._finish(slot, SequenceFinished(FinishReason(reason)))
         self._fail_faulted()
         if self.on_step is not None:
             self._report_step(prompt_tokens, len(generation_responses))
+
+    def _add_logprobs(self, scored: list[tuple[_Slot, Any]]) -> None:
+        rows = [make_row(gen.logprobs, gen.token, s.request, s.raw) for s, gen in scored]
+        try:
+            entries = step_logprobs(rows)
+        except Exception as exc:  # fail the requests that asked, not the batch
+            log.exception("logprobs failed")
+            for slot, _ in scored:
+                message = f"logprobs failed: {exc}"
+                self._abort(_Abort(slot.request.request_id, FinishReason.ERROR, message))
+            return
+        for (slot, _), entry in zip(scored, entries, strict=True):
+            slot.pending_logprobs.append(entry)
 
     def _report_step(self, prompt_tokens: int, generated_tokens: int) -> None:
         assert self.on_step is not None

@@ -79,17 +79,47 @@ class TokenConstraint(Protocol):
     def make_processor(self) -> Callable[[Any, Any], Any]: ...
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability and the most likely alternatives at its position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob), most likely first
+
+
+class SharedPrefill:
+    """Sequences that share one prompt and one prefill (OpenAI `n`, prompt scoring).
+
+    Made on the asyncio side and handed to every member's GenerationRequest; only the
+    engine thread reads or writes the fields below the constructor's.
+    """
+
+    def __init__(self, members: int) -> None:
+        self.members = members
+        self.cache: Any = None  # KV cache of prompt[:-1], copied for each member
+        self.prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+        self.started = 0  # members the engine has taken
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
     prompt_tokens: list[int]
-    max_tokens: int
+    max_tokens: int  # 0 only with prompt_logprobs: score the prompt, generate nothing
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     arrived_at: float = field(default_factory=time.monotonic)
     # time.monotonic() by which the request must be done; past it, TimeoutError.
     deadline: float | None = None
     constraint: TokenConstraint | None = None
+    # Log-probabilities of generated tokens with this many alternatives (None: off).
+    logprobs: int | None = None
+    # True: of the model's own distribution, before logits processors and temperature.
+    logprobs_raw: bool = False
+    # Log-probabilities of the prompt's tokens (echo), with this many alternatives.
+    prompt_logprobs: int | None = None
+    shared: SharedPrefill | None = None
 
 
 # Events the engine thread posts to a request's queue (token ids, not text: the
@@ -103,11 +133,14 @@ class PromptProcessed:
     at: float
     cached_tokens: int = 0
     started_at: float | None = None  # when the engine began this prompt (queue time ends)
+    # One entry per prompt token (the first is None: nothing precedes it), when asked.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True)
 class TokensGenerated:
     tokens: list[int]
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked
 
 
 @dataclass(frozen=True)
@@ -128,6 +161,7 @@ EngineEvent = PromptProcessed | TokensGenerated | SequenceFinished
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not recomputed)
 
     @property
     def total_tokens(self) -> int:
@@ -137,6 +171,11 @@ class Usage:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # The generated tokens behind this text, when the request asked for logprobs (the
+    # text of a token may come out in a later delta when it ends mid-character).
+    logprobs: tuple[TokenLogprob, ...] = ()
+    # Only on an empty first delta, for requests that asked to score their prompt.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True)

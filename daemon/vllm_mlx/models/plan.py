@@ -59,10 +59,19 @@ def weight_info_from_files(directory: Path) -> WeightInfo:
 
 
 def _header(file: Path) -> dict[str, tuple[str, int]]:
-    """Tensor name -> (dtype, element count), from the file's JSON header only."""
-    with file.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header: dict[str, Any] = json.loads(f.read(length))
+    """Tensor name -> (dtype, element count), from the file's JSON header only.
+
+    A file that is not a readable safetensors file counts as empty: the listing still
+    shows the model, and loading it reports the real error.
+    """
+    try:
+        with file.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header: dict[str, Any] = json.loads(f.read(length))
+    except (OSError, struct.error, ValueError):
+        return {}
+    if not isinstance(header, dict):
+        return {}
     out = {}
     for name, meta in header.items():
         if name == "__metadata__":

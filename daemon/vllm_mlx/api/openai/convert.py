@@ -169,36 +169,54 @@ class ChatChunks:
             "model": model,
         }
 
-    def chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        reason: str | None = None,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
         return {**self.base, "choices": [choice]}
 
     def usage(self, usage: Usage) -> dict[str, Any]:
         return {**self.base, "choices": [], "usage": usage_dict(usage)}
 
 
+def chat_choice(
+    index: int, message: dict[str, Any], reason: str, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {"index": index, "message": message, "finish_reason": reason, "logprobs": logprobs}
+
+
 def chat_response(
-    request_id: str, model: str, message: dict[str, Any], reason: str, usage: Usage
+    request_id: str, model: str, choices: list[dict[str, Any]], usage: Usage
 ) -> dict[str, Any]:
     return {
         "id": request_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
+        "choices": choices,
         "usage": usage_dict(usage),
     }
 
 
 def completion_chunk(
-    request_id: str, model: str, text: str, reason: str | None, created: int
+    request_id: str,
+    model: str,
+    text: str,
+    reason: str | None,
+    created: int,
+    index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": request_id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}],
     }
 
 
@@ -259,11 +277,12 @@ def tool_arguments_delta(index: int, fragment: str) -> dict[str, Any]:
 def sampling_from(
     target: Target, body: ChatCompletionRequest | CompletionRequest
 ) -> SamplingParams:
-    """The request's sampling fields over the configured defaults."""
+    """The request's sampling fields over the configured defaults; top_p 0 is greedy."""
+    greedy = body.top_p == 0
     return sampling_params(
         target,
-        temperature=body.temperature,
-        top_p=body.top_p,
+        temperature=0.0 if greedy else body.temperature,
+        top_p=None if greedy else body.top_p,
         top_k=body.top_k,
         min_p=body.min_p,
         seed=body.seed,
@@ -341,3 +360,28 @@ def forced_tools(body: ChatCompletionRequest) -> ForcedTools | None:
     named = isinstance(body.tool_choice, NamedToolChoice)
     specs = tool_specs(offered) or []
     return ForcedTools(specs, params, named=named, single=body.parallel_tool_calls is False)
+
+
+def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """400s naming the fields this server cannot honour, and why."""
+    if isinstance(body, CompletionRequest):
+        if body.suffix:
+            raise bad_request(
+                "suffix is not supported: the model has no fill-in-the-middle support", "suffix"
+            )
+        return
+    if body.audio is not None:
+        raise bad_request("audio output is not supported: the model produces text only", "audio")
+    if body.modalities and any(m != "text" for m in body.modalities):
+        raise bad_request(
+            "modalities other than 'text' are not supported: the model produces text only",
+            "modalities",
+        )
+    if body.prediction is not None:
+        raise bad_request(
+            "prediction (predicted outputs) is not supported: there is no speculative "
+            "decoding against a given text",
+            "prediction",
+        )
+    if body.top_logprobs and not body.logprobs:
+        raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")

@@ -18,7 +18,7 @@ class _Request(BaseModel):
 
 
 class StreamOptions(_Request):
-    include_usage: bool = False
+    include_usage: bool | None = None
 
 
 class TextPart(_Request):
@@ -108,10 +108,10 @@ class StructuredOutputs(_Request):
 
 class _SamplingFields(_Request):
     model: str = Field(min_length=1)
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1, description="0 means greedy")
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = None
@@ -120,12 +120,11 @@ class _SamplingFields(_Request):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
     logit_bias: dict[str, float] | None = None
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    n: int | None = Field(None, ge=1, le=128, description="limits.max_n caps it further")
     max_tokens: int | None = Field(None, ge=1)
     timeout: float | None = Field(
         None, gt=0, description="seconds; may lower server.timeout, never raise it"
     )
-    logprobs: Literal[False, None] = Field(None, description="log probabilities are not supported")
     response_format: ResponseFormat | None = None
     # vLLM's structured-output extras, so clients written for vLLM work unchanged.
     structured_outputs: StructuredOutputs | None = None
@@ -133,6 +132,8 @@ class _SamplingFields(_Request):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's extra: which distribution logprobs report (docs/api.md).
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -171,7 +172,12 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = Field(
         None, description="vLLM's field; refused unless server.allow_client_chat_templates"
     )
-    top_logprobs: None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    # Fields for outputs this server cannot produce; refused by name (see unsupported).
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _named_tool_exists(self) -> ChatCompletionRequest:
@@ -189,13 +195,22 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] = Field(description="one prompt: text or token ids")
-    echo: bool = False
-    suffix: None = None
+    prompt: str | list[str] | list[int] | None = Field(
+        "<|endoftext|>", description="one prompt: text or token ids"
+    )
+    max_tokens: int | None = Field(None, ge=0, description="0 with echo scores the prompt")
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=0, le=20)
 
     @field_validator("prompt")
     @classmethod
-    def _single_prompt(cls, value: str | list[str] | list[int]) -> str | list[str] | list[int]:
+    def _single_prompt(
+        cls, value: str | list[str] | list[int] | None
+    ) -> str | list[str] | list[int]:
+        if value is None:
+            return "<|endoftext|>"  # the spec's default
         if isinstance(value, list):
             if not value:
                 raise ValueError("the prompt is empty")
@@ -229,3 +244,33 @@ class ModelCard(TypedDict):
     object: Literal["model"]
     created: int
     owned_by: str
+
+
+# --- vLLM's /tokenize and /detokenize ------------------------------------------------
+
+
+class TokenizeRequest(_Request):
+    """Either `prompt` (text) or `messages` (rendered with the chat template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool | None = None  # default True
+    continue_final_message: bool | None = None
+    return_token_strs: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send exactly one of 'prompt' and 'messages'")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages is empty")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int] = Field(max_length=1_000_000)

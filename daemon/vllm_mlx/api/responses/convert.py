@@ -1,0 +1,274 @@
+"""Responses wire -> the chat template's messages and tools, checked item by item.
+
+Input items (and, with previous_response_id, the stored conversation before them)
+become Hugging Face style chat messages: system/developer text joins one leading
+system prompt after `instructions`, function_call items become an assistant turn's
+tool calls, function_call_output items become `tool` messages, and reasoning items
+ride on the next assistant turn as `reasoning_content`, the key templates read.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from vllm_mlx.api.errors import APIError, bad_request, from_validation_error
+from vllm_mlx.api.responses.schema import (
+    ITEM_MODELS,
+    CreateResponseRequest,
+    FunctionCallOutputItem,
+    MessageItem,
+    ReasoningItem,
+    RefusalPart,
+    TextPart,
+)
+
+BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
+
+ID_PREFIXES = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
+UNSUPPORTED_PARTS = {"input_image": "images", "input_file": "files", "input_audio": "audio"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+def validated(model: type[BaseModelT], data: Any, where: str) -> BaseModelT:
+    """`model` from `data`; a validation error names the field under `where`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = from_validation_error(exc)
+        inner = error.param or ""
+        path = f"{where}.{inner}" if inner and not inner.startswith("[") else where + inner
+        message = error.message.replace(f"'{inner}'", f"'{path}'") if inner else error.message
+        if not inner:
+            message = f"Invalid value for '{where}': {message}"
+        raise bad_request(message, path) from exc
+
+
+# --- input items ---------------------------------------------------------------------
+
+
+def input_items(body: CreateResponseRequest) -> list[dict[str, Any]]:
+    """The request's input as checked items in wire form, each with an id (for storage)."""
+    if body.input is None or len(body.input) == 0:
+        if body.previous_response_id is None:
+            raise bad_request("'input' is required and must not be empty", "input")
+        return []
+    if isinstance(body.input, str):
+        item = MessageItem(role="user", content=body.input)
+        return [_normalized(item)]
+    return [_normalized(_item(raw, f"input[{index}]")) for index, raw in enumerate(body.input)]
+
+
+def _item(raw: dict[str, Any], where: str) -> Any:
+    kind = raw.get("type", "message" if "role" in raw else None)
+    if kind == "item_reference":
+        raise bad_request(
+            f"{where}: item_reference items are not supported; use previous_response_id "
+            "or send the items themselves",
+            f"{where}.type",
+        )
+    model = ITEM_MODELS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        known = ", ".join(ITEM_MODELS)
+        raise bad_request(
+            f"{where}: unknown input item type {kind!r}; supported: {known}", f"{where}.type"
+        )
+    item = validated(model, raw, where)
+    if isinstance(item, MessageItem) and isinstance(item.content, list):
+        for position, part in enumerate(item.content):
+            _part(part, item.role, f"{where}.content[{position}]")
+    if isinstance(item, FunctionCallOutputItem) and isinstance(item.output, list):
+        for position, part in enumerate(item.output):
+            _part(part, "user", f"{where}.output[{position}]")
+    return item
+
+
+def _part(part: dict[str, Any], role: str, where: str) -> str:
+    """The text of one content part; anything but text (or an assistant refusal) is a 400."""
+    kind = part.get("type")
+    if kind in UNSUPPORTED_PARTS:
+        raise bad_request(
+            f"{where}: model does not accept {UNSUPPORTED_PARTS[kind]}",
+            f"{where}.type",
+            "unsupported_content",
+        )
+    if kind == "refusal" and role == "assistant":
+        return validated(RefusalPart, part, where).refusal
+    if kind not in ("input_text", "output_text"):
+        raise bad_request(
+            f"{where}: content part type {kind!r} is not valid here; expected input_text "
+            "or output_text",
+            f"{where}.type",
+        )
+    return validated(TextPart, part, where).text
+
+
+def _normalized(item: Any) -> dict[str, Any]:
+    """An item as stored and listed by input_items: an id, a status, parts as lists."""
+    data: dict[str, Any] = item.model_dump(exclude_none=True, by_alias=True)
+    data["id"] = item.id or new_id(ID_PREFIXES[item.type])
+    if isinstance(item, MessageItem):
+        parts = item.content
+        if isinstance(parts, str):
+            kind = "output_text" if item.role == "assistant" else "input_text"
+            parts = [{"type": kind, "text": parts}]
+        data["content"] = [_stored_part(part, item.role) for part in parts]
+    if not isinstance(item, ReasoningItem):
+        data["status"] = "completed"
+    return data
+
+
+def _stored_part(part: dict[str, Any], role: str) -> dict[str, Any]:
+    if role != "assistant":
+        return {"type": "input_text", "text": part["text"]}
+    if part["type"] == "refusal":
+        return {"type": "refusal", "refusal": part["refusal"]}
+    return {"type": "output_text", "text": part["text"], "annotations": [], "logprobs": []}
+
+
+# --- items -> chat messages ----------------------------------------------------------
+
+
+@dataclass
+class _Conversation:
+    system: list[str]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    calls: dict[str, str] = field(default_factory=dict)  # call_id -> template tool name
+    reasoning: list[str] = field(default_factory=list)  # waits for the next assistant turn
+
+    def assistant(self, *, join: bool) -> dict[str, Any]:
+        last = self.messages[-1] if self.messages else None
+        if not (join and last is not None and last["role"] == "assistant"):
+            last = {"role": "assistant", "content": ""}
+            self.messages.append(last)
+        if self.reasoning:
+            last["reasoning_content"] = last.get("reasoning_content", "") + "".join(self.reasoning)
+            self.reasoning = []
+        return last
+
+
+def chat_messages(
+    items: list[dict[str, Any]], instructions: str | None, first_new: int
+) -> list[dict[str, Any]]:
+    """Template messages for the stored history plus the new items (from `first_new` on)."""
+    conversation = _Conversation(system=[instructions] if instructions else [])
+    for index, item in enumerate(items):
+        where = f"input[{index - first_new}]" if index >= first_new else "previous_response"
+        _add(conversation, item, where)
+    messages = conversation.messages
+    system = "\n\n".join(text for text in conversation.system if text)
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def _add(conversation: _Conversation, item: dict[str, Any], where: str) -> None:
+    kind = item["type"]
+    if kind == "message":
+        text = "".join(part.get("text", part.get("refusal", "")) for part in item["content"])
+        if item["role"] in ("system", "developer"):
+            conversation.system.append(text)
+        elif item["role"] == "user":
+            conversation.messages.append({"role": "user", "content": text})
+        else:
+            conversation.assistant(join=False)["content"] = text
+    elif kind == "function_call":
+        name = flat_name(item.get("namespace"), item["name"])
+        call = {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": name, "arguments": _json_or_text(item["arguments"])},
+        }
+        conversation.assistant(join=True).setdefault("tool_calls", []).append(call)
+        conversation.calls[item["call_id"]] = name
+    elif kind == "function_call_output":
+        conversation.messages.append(_tool_message(conversation, item, where))
+    else:  # reasoning: summaries, or the full text where a client sent it back
+        texts = item.get("content") or item.get("summary") or []
+        conversation.reasoning.append("".join(part["text"] for part in texts))
+
+
+def _tool_message(conversation: _Conversation, item: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id = item["call_id"]
+    if call_id not in conversation.calls:
+        raise bad_request(
+            f"{where}: no function_call with call_id '{call_id}' comes before this "
+            "function_call_output",
+            f"{where}.call_id",
+        )
+    output = item["output"]
+    text = output if isinstance(output, str) else "".join(p["text"] for p in output)
+    return {
+        "role": "tool",
+        "tool_call_id": call_id,
+        "name": conversation.calls[call_id],
+        "content": text,
+    }
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    """The one name a namespaced function has in the prompt (and in the model's calls)."""
+    return f"{namespace}.{name}" if namespace else name
+
+
+def _json_or_text(arguments: str) -> Any:
+    # Templates iterate arguments as a mapping (Qwen, Llama); fall back to the raw text.
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+# --- options -------------------------------------------------------------------------
+
+
+def template_kwargs(body: CreateResponseRequest) -> dict[str, Any]:
+    # Templates with a thinking switch (Qwen3 and kin) read enable_thinking.
+    if body.reasoning is not None and body.reasoning.effort is not None:
+        return {"enable_thinking": body.reasoning.effort != "none"}
+    return {}
+
+
+def check_unsupported(body: CreateResponseRequest) -> None:
+    if body.background:
+        raise bad_request("background responses are not supported here", "background")
+    if body.conversation is not None:
+        raise bad_request(
+            "conversations are not supported here; use previous_response_id", "conversation"
+        )
+    if body.text and body.text.format:
+        kind = body.text.format.type
+        if kind != "text":
+            raise bad_request(
+                f"text.format type '{kind}' needs structured outputs, which this server "
+                "does not support yet",
+                "text.format.type",
+            )
+
+
+def previous_not_found(response_id: str) -> APIError:
+    return APIError(
+        404,
+        f"Previous response with id '{response_id}' not found.",
+        "not_found",
+        "previous_response_id",
+        "previous_response_not_found",
+    )
+
+
+def response_not_found(response_id: str) -> APIError:
+    return APIError(
+        404, f"No response found with id '{response_id}'.", "not_found", None, "not_found"
+    )

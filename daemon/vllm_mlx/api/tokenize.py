@@ -1,0 +1,121 @@
+"""POST /tokenize and POST /detokenize, as vLLM serves them (outside /v1, same keys).
+
+A `messages` body is rendered exactly as /v1/chat/completions renders it, so `count`
+equals that request's `usage.prompt_tokens`; a `prompt` body is encoded as
+/v1/completions encodes it. The work runs in the prompt worker pool, off the event
+loop, under limits.prompt_timeout; client chat templates need
+server.allow_client_chat_templates, as on the chat route.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Router, post
+
+from vllm_mlx.api.chat_template import as_token_list, render_chat
+from vllm_mlx.api.common import parse_body, server_state
+from vllm_mlx.api.errors import bad_request
+from vllm_mlx.api.generation import resolve_target
+from vllm_mlx.api.openai import convert
+from vllm_mlx.api.openai.routes import openai_error_response
+from vllm_mlx.api.openai.schema import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
+from vllm_mlx.api.prepare import off_loop, prompt_tokens
+from vllm_mlx.api.state import ServerState
+
+
+def _model_id(state: ServerState, model: str | None) -> str:
+    """vLLM makes `model` optional: the first served model then."""
+    if model is not None:
+        return model
+    if not state.settings.models:
+        raise bad_request("no model is served", "model")
+    return state.settings.models[0].name
+
+
+def _chat_request(body: TokenizeRequest) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {
+            "model": body.model or "-",
+            "messages": body.messages,
+            "tools": body.tools,
+            "chat_template_kwargs": body.chat_template_kwargs,
+        }
+    )
+
+
+def _chat_tokens(
+    tokenizer: Any, chat: ChatCompletionRequest, body: TokenizeRequest, kwargs: dict[str, Any]
+) -> list[int]:
+    """As /v1/chat/completions renders them, unless the body asks otherwise."""
+    if body.continue_final_message:
+        return render_chat(
+            tokenizer,
+            convert.template_messages(chat),
+            convert.template_tools(chat),
+            kwargs,
+            continue_final_message=True,
+        )
+    if body.add_generation_prompt is not False:
+        return convert.chat_prompt_tokens(tokenizer, chat, kwargs)
+    try:
+        tokens = tokenizer.apply_chat_template(
+            convert.template_messages(chat),
+            tools=convert.template_tools(chat),
+            add_generation_prompt=False,
+            tokenize=True,
+            **kwargs,
+        )
+    except Exception as exc:
+        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+    return as_token_list(tokens)
+
+
+def _prompt_tokens(tokenizer: Any, body: TokenizeRequest) -> list[int]:
+    special = body.add_special_tokens is not False
+    return as_token_list(tokenizer.encode(body.prompt or "", add_special_tokens=special))
+
+
+@post("/tokenize", status_code=200)
+async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body = await parse_body(request, TokenizeRequest)
+    state = server_state(request)
+    target = resolve_target(state, _model_id(state, body.model))
+    tokenizer = target.engine.tokenizer
+    if body.messages is not None:
+        chat = _chat_request(body)
+        allow = target.settings.server.allow_client_chat_templates
+        kwargs = convert.template_kwargs(chat, allow)
+        tokens = await prompt_tokens(target, _chat_tokens, tokenizer, chat, body, kwargs)
+    else:
+        tokens = await prompt_tokens(target, _prompt_tokens, tokenizer, body)
+    strs = tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
+    return {
+        "count": len(tokens),
+        "max_model_len": target.engine.context_length,
+        "tokens": tokens,
+        "token_strs": strs,
+    }
+
+
+@post("/detokenize", status_code=200)
+async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body = await parse_body(request, DetokenizeRequest)
+    state = server_state(request)
+    target = resolve_target(state, _model_id(state, body.model))
+    tokenizer = target.engine.tokenizer
+    vocab_size = len(tokenizer.get_vocab())
+    if any(t < 0 or t >= vocab_size for t in body.tokens):
+        raise bad_request("tokens contains ids outside the vocabulary", "tokens")
+    text = await off_loop(
+        tokenizer.decode, body.tokens, limit_s=target.settings.limits.prompt_timeout
+    )
+    return {"prompt": text}
+
+
+def make_tokenize_router() -> Router:
+    return Router(
+        path="/",
+        route_handlers=[tokenize, detokenize],
+        exception_handlers={Exception: openai_error_response},
+    )
