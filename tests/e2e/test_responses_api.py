@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from pydantic import BaseModel
 
 from tests.conftest import DaemonProcess
 from tests.e2e.conftest import RESPONSES_KEY as KEY
@@ -58,7 +59,7 @@ def post(daemon: DaemonProcess, body: dict[str, Any]) -> httpx.Response:
 def dump(model: Any) -> dict[str, Any]:
     """What the server sent, as the SDK parsed it (less the SDK's own `parsed` fields)."""
     data: dict[str, Any] = _without_parsed(
-        model.model_dump(exclude_unset=True, mode="json", warnings=False)
+        model.model_dump(exclude_unset=True, mode="json", warnings=False, by_alias=True)
     )
     return data
 
@@ -256,7 +257,15 @@ def test_parallel_tool_calls_false_and_tool_choice(client: openai.OpenAI) -> Non
         ),
         ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
         ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
-        ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format.type"),
+        (
+            {
+                "input": "x",
+                "text": {
+                    "format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}
+                },
+            },
+            "text.format.schema",
+        ),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "temperature": 3}, "temperature"),
         ({}, "input"),
@@ -365,3 +374,68 @@ def test_input_items_pages(client: openai.OpenAI, daemon: DaemonProcess) -> None
     assert [item.role for item in newest.data] == ["user"]  # type: ignore[union-attr]
     bad = httpx.get(url, params={"limit": 0}, headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
+
+
+class City(BaseModel):
+    name: str
+    country: str
+
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+    "strict": True,
+}
+
+
+def test_text_format_json_schema_and_json_object(client: openai.OpenAI) -> None:
+    parsed = client.responses.parse(
+        model="default",
+        input="What is the capital of France?",
+        text_format=City,
+        max_output_tokens=60,
+        temperature=0,
+    )
+    validate_response(dump(parsed))
+    assert parsed.status == "completed"
+    assert isinstance(parsed.output_parsed, City)
+    assert parsed.text.format.type == "json_schema"  # type: ignore[union-attr]
+    loose = client.responses.create(
+        model="default",
+        input="Describe Paris as JSON.",
+        text={"format": {"type": "json_object"}},
+        max_output_tokens=60,
+        temperature=0,
+    )
+    if loose.status == "completed":
+        assert isinstance(json.loads(loose.output_text), dict)
+
+
+def test_forced_tool_choice_streams_a_call(client: openai.OpenAI) -> None:
+    with client.responses.stream(
+        model="default",
+        input="What is the weather in Paris?",
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60,
+        temperature=0,
+    ) as stream:
+        events = [dump(event) for event in stream]
+    response = check_stream(events)
+    calls = [item for item in response["output"] if item["type"] == "function_call"]
+    assert [call["name"] for call in calls] == ["get_weather"]
+    assert isinstance(json.loads(calls[0]["arguments"])["city"], str)
+    required = client.responses.create(
+        model="default",
+        input="What is the weather in Paris?",
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_output_tokens=60,
+        temperature=0,
+    )
+    assert [item.type for item in required.output] == ["function_call"]

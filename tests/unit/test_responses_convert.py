@@ -218,7 +218,6 @@ def test_tool_choice_narrows_the_offer(choice: Any, names: list[str]) -> None:
             {"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "function"}]}]},
             "tools[0].tools[0].name",
         ),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format.type"),
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
     ],
@@ -274,3 +273,53 @@ def test_store_bounds_entries_and_age() -> None:
     assert store.delete("d") and not store.delete("d")
     stored(store, "e", max_entries=0)
     assert len(store) == 0
+
+
+def test_text_format_becomes_an_output_constraint() -> None:
+    assert convert.output_constraint(body(input="x")) is None
+    assert convert.output_constraint(body(input="x", text={"format": {"type": "text"}})) is None
+    plain = convert.output_constraint(body(input="x", text={"format": {"type": "json_object"}}))
+    assert plain is not None and (plain.kind, plain.param) == ("json_object", "text.format")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "name": "x", "schema": schema, "strict": True}
+    typed = convert.output_constraint(body(input="x", text={"format": fmt}))
+    assert typed is not None and (typed.kind, typed.value) == ("json_schema", schema)
+    assert typed.param == "text.format.schema"
+
+
+@pytest.mark.parametrize(
+    ("choice", "named", "names"),
+    [
+        ("required", False, ["get_weather", "mcp.read"]),
+        ({"type": "function", "name": "mcp.read"}, True, ["mcp.read"]),
+        (
+            {
+                "type": "allowed_tools",
+                "mode": "required",
+                "tools": [{"type": "function", "name": "get_weather"}],
+            },
+            False,
+            ["get_weather"],
+        ),
+        ("auto", None, None),
+        ({"type": "allowed_tools", "mode": "auto", "tools": []}, None, None),
+    ],
+)
+def test_forced_tool_choices(choice: Any, named: bool | None, names: list[str] | None) -> None:
+    namespace = {
+        "type": "namespace",
+        "name": "mcp",
+        "tools": [{"type": "function", "name": "read"}],
+    }
+    request = body(
+        input="x", tools=[WEATHER, namespace], tool_choice=choice, parallel_tool_calls=False
+    )
+    toolset = tools.tool_set(request)
+    forced = tools.forced(request, toolset, tools.offered(toolset, request.tool_choice))
+    if names is None:
+        assert forced is None
+        return
+    assert forced is not None and forced.named is named and forced.single
+    assert [spec.name for spec in forced.tools] == names
+    where = {"get_weather": "tools[0].parameters", "mcp.read": "tools[1].tools[0].parameters"}
+    assert list(forced.params) == [where[name] for name in names]

@@ -26,6 +26,7 @@ from vllm_mlx.api.responses.schema import (
     RefusalPart,
     TextPart,
 )
+from vllm_mlx.engine.constraints import Constraint
 
 BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 
@@ -248,14 +249,18 @@ def check_unsupported(body: CreateResponseRequest) -> None:
         raise bad_request(
             "conversations are not supported here; use previous_response_id", "conversation"
         )
-    if body.text and body.text.format:
-        kind = body.text.format.type
-        if kind != "text":
-            raise bad_request(
-                f"text.format type '{kind}' needs structured outputs, which this server "
-                "does not support yet",
-                "text.format.type",
-            )
+
+
+def output_constraint(body: CreateResponseRequest) -> Constraint | None:
+    """text.format json_object / json_schema as a constraint on the output
+    (docs/structured-outputs.md)."""
+    fmt = body.text.format if body.text else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint("json_object", None, "text.format")
+    schema = {} if fmt.schema_ is None else fmt.schema_
+    return Constraint("json_schema", schema, "text.format.schema")
 
 
 def previous_not_found(response_id: str) -> APIError:

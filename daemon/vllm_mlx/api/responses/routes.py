@@ -14,6 +14,7 @@ from typing import Any
 from litestar import Request, Response, Router, delete, get, post
 from litestar.response import Stream
 
+from vllm_mlx.api import structured
 from vllm_mlx.api.chat_template import as_token_list, render_chat
 from vllm_mlx.api.common import parse_body, server_state
 from vllm_mlx.api.errors import APIError, bad_request, to_api_error
@@ -94,8 +95,7 @@ async def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
         target, convert.new_id("resp"), tokens, body.max_output_tokens, sampling, ()
     )
     tools.warn_left_out(toolset, gen.request_id)
-    # No tools offered (none given, or tool_choice none): calls stay plain text.
-    parser = output_parser_for(target, gen, offered.specs or None)
+    parser = await _structured(target, gen, body, toolset, offered)
 
     def count_tokens(text: str) -> int:
         return len(as_token_list(tokenizer.encode(text))) if text else 0
@@ -107,6 +107,29 @@ async def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
         max_calls=1 if body.parallel_tool_calls is False else None,
     )
     return _Turn(target, gen, parser, builder, items, history, body.stores)
+
+
+async def _structured(
+    target: Target,
+    gen: GenerationRequest,
+    body: CreateResponseRequest,
+    toolset: tools.ToolSet,
+    offered: tools.ToolSet,
+) -> OutputParser | None:
+    """Attach text.format's constraint; a forced tool choice gets its own call reader."""
+    constraint = convert.output_constraint(body)
+    forced = tools.forced(body, toolset, offered) if structured.enabled(target) else None
+    if forced is not None:
+        if constraint is not None:
+            raise bad_request(
+                "a forced tool_choice cannot be combined with a text.format", constraint.param
+            )
+        await structured.constrain_calls(target, gen, forced)
+        return structured.forced_output_parser(target, gen, forced)
+    if constraint is not None:
+        await structured.constrain(target, gen, constraint)
+    # No tools offered (none given, or tool_choice none): calls stay plain text.
+    return output_parser_for(target, gen, offered.specs or None)
 
 
 def _keep(state: ServerState, turn: _Turn) -> None:

@@ -17,6 +17,7 @@ import structlog
 from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.responses.convert import flat_name, validated
 from vllm_mlx.api.responses.schema import CreateResponseRequest, FunctionTool, NamespaceTool
+from vllm_mlx.api.structured import ForcedTools
 from vllm_mlx.parsers.types import ToolSpec
 
 log = structlog.get_logger("vllm_mlx.responses")
@@ -120,3 +121,21 @@ def warn_left_out(tools: ToolSet, request_id: str) -> None:
             request_id=request_id,
             tool_types=sorted(set(tools.left_out)),
         )
+
+
+def forced(body: CreateResponseRequest, tools: ToolSet, offered_set: ToolSet) -> ForcedTools | None:
+    """tool_choice "required", a named function, or allowed_tools in required mode:
+    the output must be calls to the offered tools (constrained decoding)."""
+    choice = body.tool_choice
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    named = kind == "function"
+    required = kind == "required" or (
+        kind == "allowed_tools" and isinstance(choice, dict) and choice.get("mode") == "required"
+    )
+    if not (named or required):
+        return None
+    if not offered_set.specs:
+        raise bad_request(f"tool_choice '{kind}' needs at least one function tool", "tool_choice")
+    params = [tools.params[spec.name] for spec in offered_set.specs]
+    single = body.parallel_tool_calls is False
+    return ForcedTools(offered_set.specs, params, named=named, single=single)
