@@ -181,7 +181,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "end": asdict(end),
         "peak_rss_mb": peak_mb,
         "rss_bound_mb": round(bound_mb, 1),
-        "within_bound": end.rss_mb <= bound_mb and peak_mb <= bound_mb,
+        # The bound is on what stays once idle; under load the live requests' own KV
+        # caches come on top (reported as the peak).
+        "within_bound": end.rss_mb <= bound_mb,
         "samples": [asdict(s) for s in driven["samples"]],
     }  # fmt: skip
 
@@ -197,13 +199,13 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
         f"| idle before | {s['rss_mb']} | {s['active_mb']} | {s['mlx_cache_mb']} "
         f"| {s['prefix_cache_mb']} | {s['running']} |",
-        f"| peak during | {result['peak_rss_mb']} | | | | |",
+        f"| peak during (live KV caches included) | {result['peak_rss_mb']} | | | | |",
         f"| idle after | {e['rss_mb']} | {e['active_mb']} | {e['mlx_cache_mb']} "
         f"| {e['prefix_cache_mb']} | {e['running']} |",
         "",
         f"Requests: {result['completed']} completed, {result['disconnected']} disconnected, "
         f"{result['error_count']} errors; idle at the end: {result['idle_at_end']}; "
-        f"RSS bound (idle + cache bound) x 1.25 = {result['rss_bound_mb']} MB: "
+        f"RSS bound once idle (idle + cache bound) x 1.25 = {result['rss_bound_mb']} MB: "
         f"{'held' if result['within_bound'] else 'EXCEEDED'}.",
     ])  # fmt: skip
 

@@ -33,6 +33,7 @@ from vllm_mlx.config import EngineSettings, ModelSettings, Reload, Settings
 from vllm_mlx.configfile import LoadedConfig
 from vllm_mlx.engine.embedding import LoadedEmbeddingModel
 from vllm_mlx.engine.engine import LoadedModel
+from vllm_mlx.engine.heap import keep_large_allocations_returnable
 from vllm_mlx.engine.registry import ModelEntry, ModelRegistry, Stoppable
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.lifecycle import RequestTracker, remove_pid_file, write_pid_file
@@ -365,4 +366,5 @@ def run(
     `reload_config` rebuilds Settings as `serve` did (same file, environment and
     flags); `watch_path` is the file as named, before symlinks."""
     configure_logging(loaded.settings.logging)
+    keep_large_allocations_returnable()  # before any model memory is allocated
     return asyncio.run(Daemon(loaded, reload_config, watch_path).run())

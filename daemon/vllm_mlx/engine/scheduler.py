@@ -20,6 +20,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.cache import PrefixCache
+from vllm_mlx.engine.heap import release_free_memory
 from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
 from vllm_mlx.engine.sampling import (
     Fault,
@@ -187,7 +188,10 @@ class Scheduler:
     def _run(self) -> None:
         self._generator = self._make_generator()
         while True:
-            if not self._take_commands(block=not self._slots):
+            idle = not self._slots
+            if idle:
+                release_free_memory()  # going idle: hand freed KV memory back to the OS
+            if not self._take_commands(block=idle):
                 break
             if not self._slots:
                 continue
