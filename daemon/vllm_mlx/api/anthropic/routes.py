@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 import structlog
@@ -26,6 +25,7 @@ from vllm_mlx.api.errors import APIError, bad_request, to_api_error
 from vllm_mlx.api.generation import (
     Target,
     build_request,
+    coalesced,
     output_parser_for,
     resolve_target,
     run_parsed,
@@ -36,9 +36,7 @@ from vllm_mlx.api.sse import SSE_HEADERS, named_event
 from vllm_mlx.engine.types import Finished, GenerationRequest
 from vllm_mlx.parsers.pipeline import OutputParser
 from vllm_mlx.parsers.types import (
-    ContentDelta,
     ParserEvent,
-    ReasoningDelta,
     ToolCallArgumentsDelta,
     ToolCallStart,
 )
@@ -99,30 +97,6 @@ async def _output(
         yield event
 
 
-async def _coalesced(
-    events: AsyncGenerator[Output, None], interval: int
-) -> AsyncGenerator[Output, None]:
-    """Join runs of text (or thinking) deltas into one per `interval` tokens."""
-    pending: list[str] = []
-    kind: type[ContentDelta] | type[ReasoningDelta] = ContentDelta
-    async with aclosing(events):  # closing this closes the generation at once
-        async for event in events:
-            if isinstance(event, ContentDelta | ReasoningDelta):
-                if pending and not isinstance(event, kind):
-                    yield kind("".join(pending))
-                    pending = []
-                kind = type(event)
-                pending.append(event.text)
-                if len(pending) >= interval:
-                    yield kind("".join(pending))
-                    pending = []
-                continue
-            if pending:
-                yield kind("".join(pending))
-                pending = []
-            yield event
-
-
 async def _stream(
     target: Target,
     gen: GenerationRequest,
@@ -134,7 +108,7 @@ async def _stream(
         yield _sse(event)
     interval = target.settings.engine.stream_interval
     try:
-        outputs = _coalesced(_output(target, gen, prompt, parser), interval)
+        outputs = coalesced(_output(target, gen, prompt, parser), interval)
         async for output in with_keepalive(outputs, PING_EVERY_S):
             if output is None:
                 yield _sse({"type": "ping"})
@@ -192,7 +166,7 @@ async def _round(
     """One generation of a streamed MCP loop: its coalesced output and a builder."""
     gen, prompt, builder, parser = await _prepare(target, body)
     interval = target.settings.engine.stream_interval
-    return _coalesced(_output(target, gen, prompt, parser), interval), builder
+    return coalesced(_output(target, gen, prompt, parser), interval), builder
 
 
 @post("/messages", status_code=200)
