@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from vllm_mlx.config import ModelSettings
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.output import generate_text
 from vllm_mlx.engine.scheduler import SchedulerConfig
@@ -20,16 +17,6 @@ from vllm_mlx.engine.types import (
     SamplingParams,
     TextDelta,
 )
-from vllm_mlx.models.loader import load_model
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path) -> Iterator[Engine]:
-    settings = ModelSettings(name="smol", source="builtin:smollm2-135m-instruct")
-    engine = Engine(load_model(settings, model_cache_dir), SchedulerConfig(max_batch_size=8))
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 def chat_tokens(engine: Engine, text: str) -> list[int]:

@@ -3,34 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
 
 from tests.engine.test_engine import complete, request, run_all
-from vllm_mlx.config import ModelSettings
 from vllm_mlx.engine import scheduler as scheduler_module
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.sampling import LogitsProcessor
-from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.types import (
     Finished,
     FinishReason,
     GenerationRequest,
     SamplingParams,
 )
-from vllm_mlx.models.loader import load_model
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path) -> Iterator[Engine]:
-    settings = ModelSettings(name="smol", source="builtin:smollm2-135m-instruct")
-    engine = Engine(load_model(settings, model_cache_dir), SchedulerConfig(max_batch_size=8))
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 def test_the_vocabulary_size_is_the_models_output_rows(engine: Engine) -> None:
