@@ -1,6 +1,6 @@
 """The `mcp` section of vllm-mlx.yaml: named MCP servers and how tools are used.
 
-Imported by config.py once its base types exist (Section, setting, Reload).
+Built on config_base's Section, setting and Reload, like every section.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from vllm_mlx.config import Reload, Section, setting
+from vllm_mlx.config_base import Reload, Section, setting
 
 # `server__tool` is how a tool is named to the model, so a server name may not hold `__`.
 SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*(_[A-Za-z0-9-]+)*$")
