@@ -293,3 +293,17 @@ async def coalesced(
                 yield kind("".join(pending))
                 pending = []
             yield event
+
+
+async def limit_calls(
+    events: AsyncIterator[ParsedEvent], max_calls: int | None
+) -> AsyncIterator[ParsedEvent]:
+    """Drop tool calls past the first ``max_calls`` (parallel tool calls turned off)."""
+    async for event in events:
+        if (
+            max_calls is not None
+            and isinstance(event, ToolCallStart | ToolCallArgumentsDelta)
+            and event.index >= max_calls
+        ):
+            continue
+        yield event

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllm_mlx.api.errors import APIError, bad_request
-from vllm_mlx.api.generation import Target, model_settings_of
+from vllm_mlx.api.generation import Target, model_settings_of, output_parser_for
 from vllm_mlx.api.prepare import off_loop
 from vllm_mlx.engine.constraints import (
     CompiledConstraint,
@@ -63,6 +63,38 @@ def enabled(target: Target) -> bool:
         return False  # a test-only replay source forces its output: no grammar can apply
     model = model_settings_of(target)
     return model is None or model.structured_outputs != "off"
+
+
+async def attach(
+    target: Target,
+    gen: GenerationRequest,
+    constraint: Constraint | None,
+    forced: ForcedTools | None,
+    format_field: str,
+) -> None:
+    """Attach the request's output format, or its forced tool choice: never both, as
+    the calls' grammar and the format's would contradict each other."""
+    if forced is not None:
+        if constraint is not None:
+            raise bad_request(
+                f"a forced tool_choice cannot be combined with {format_field}", constraint.param
+            )
+        await constrain_calls(target, gen, forced)
+    elif constraint is not None:
+        await constrain(target, gen, constraint)
+
+
+def output_parser(
+    target: Target,
+    gen: GenerationRequest,
+    forced: ForcedTools | None,
+    tools: Sequence[ToolSpec] | None,
+) -> OutputParser | None:
+    """The forced calls' reader, or the model's own parsers (`tools` None: none offered,
+    so calls stay plain text)."""
+    if forced is not None:
+        return forced_output_parser(target, gen, forced)
+    return output_parser_for(target, gen, tools)
 
 
 async def constrain_calls(target: Target, gen: GenerationRequest, forced: ForcedTools) -> None:

@@ -21,12 +21,12 @@ from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.anthropic.stream import PING_EVERY_S, Event, MessageBuilder, with_keepalive
 from vllm_mlx.api.common import parse_body, server_state
-from vllm_mlx.api.errors import APIError, bad_request, to_api_error
+from vllm_mlx.api.errors import APIError, to_api_error
 from vllm_mlx.api.generation import (
     Target,
     build_request,
     coalesced,
-    output_parser_for,
+    limit_calls,
     resolve_target,
     run_parsed,
     sampling_params,
@@ -37,8 +37,6 @@ from vllm_mlx.engine.types import Finished, GenerationRequest
 from vllm_mlx.parsers.pipeline import OutputParser
 from vllm_mlx.parsers.types import (
     ParserEvent,
-    ToolCallArgumentsDelta,
-    ToolCallStart,
 )
 
 log = structlog.get_logger(__name__)
@@ -67,34 +65,19 @@ async def _structured(
     target: Target, gen: GenerationRequest, body: MessagesRequest, prompt: convert.ChatPrompt
 ) -> OutputParser | None:
     """Attach the output's constraint; forced tool use gets its own call reader."""
-    constraint = convert.output_constraint(body)
     forced = convert.forced_tools(body, prompt) if structured.enabled(target) else None
-    if forced is not None:
-        if constraint is not None:
-            raise bad_request(
-                "a forced tool_choice cannot be combined with an output format", constraint.param
-            )
-        await structured.constrain_calls(target, gen, forced)
-        return structured.forced_output_parser(target, gen, forced)
-    if constraint is not None:
-        await structured.constrain(target, gen, constraint)
-    # No tools offered (none given, or tool_choice none): calls stay plain text.
-    return output_parser_for(target, gen, prompt.tool_specs or None)
+    await structured.attach(
+        target, gen, convert.output_constraint(body), forced, "an output format"
+    )
+    return structured.output_parser(target, gen, forced, prompt.tool_specs or None)
 
 
 async def _output(
     target: Target, gen: GenerationRequest, prompt: convert.ChatPrompt, parser: OutputParser | None
 ) -> AsyncGenerator[Output, None]:
     """Reasoning, text and tool calls as the request's parsers split them."""
-    limit = prompt.max_tool_calls
-    async for event in run_parsed(target, gen, ROUTE, parser):
-        if (
-            limit is not None
-            and isinstance(event, ToolCallStart | ToolCallArgumentsDelta)
-            and event.index >= limit
-        ):
-            continue  # disable_parallel_tool_use: the first call only
-        yield event
+    async for event in limit_calls(run_parsed(target, gen, ROUTE, parser), prompt.max_tool_calls):
+        yield event  # disable_parallel_tool_use: the first call only
 
 
 async def _stream(

@@ -11,13 +11,13 @@ from litestar.response import Stream
 
 from vllm_mlx.api import mcp_chat, structured
 from vllm_mlx.api.common import parse_body, server_state
-from vllm_mlx.api.errors import APIError, bad_request, to_api_error
+from vllm_mlx.api.errors import APIError, to_api_error
 from vllm_mlx.api.generation import (
     ParsedEvent,
     Target,
     build_request,
+    limit_calls,
     new_request_id,
-    output_parser_for,
     resolve_target,
     run,
     run_parsed,
@@ -131,7 +131,7 @@ class _Choice:
     ) -> None:
         self.tap = Tap(run(target, gen, ROUTE))
         parsed = run_parsed(target, gen, ROUTE, parser, self.tap.events())
-        self.events = _limit_calls(parsed, max_calls)
+        self.events = limit_calls(parsed, max_calls)
         self.texts = texts
         self.entries: list[TokenLogprob] = []  # everything taken so far (non-streamed)
 
@@ -149,40 +149,17 @@ async def _structured(
 ) -> ForcedTools | None:
     """Attach the output's constraint (every choice shares it; each gets its own matcher);
     a forced tool choice is returned, as its calls need their own reader."""
-    constraint = convert.output_constraint(body)
     forced = convert.forced_tools(body) if structured.enabled(target) else None
-    if forced is not None:
-        if constraint is not None:
-            raise bad_request(
-                "a forced tool_choice cannot be combined with an output format",
-                constraint.param,
-            )
-        await structured.constrain_calls(target, base, forced)
-        return forced
-    if constraint is not None:
-        await structured.constrain(target, base, constraint)
-    return None
+    await structured.attach(
+        target, base, convert.output_constraint(body), forced, "an output format"
+    )
+    return forced
 
 
 def _parser(
     target: Target, gen: GenerationRequest, body: ChatCompletionRequest, forced: ForcedTools | None
 ) -> OutputParser | None:
-    if forced is not None:
-        return structured.forced_output_parser(target, gen, forced)
-    return output_parser_for(target, gen, _tools(body))
-
-
-async def _limit_calls(
-    events: AsyncIterator[ParsedEvent], max_calls: int | None
-) -> AsyncIterator[ParsedEvent]:
-    async for event in events:
-        if (
-            max_calls is not None
-            and isinstance(event, ToolCallStart | ToolCallArgumentsDelta)
-            and event.index >= max_calls
-        ):
-            continue
-        yield event
+    return structured.output_parser(target, gen, forced, _tools(body))
 
 
 class _Message:

@@ -23,7 +23,6 @@ from vllm_mlx.api.generation import (
     Target,
     build_request,
     coalesced,
-    output_parser_for,
     resolve_target,
     run_parsed,
     sampling_params,
@@ -117,19 +116,9 @@ async def _structured(
     offered: tools.ToolSet,
 ) -> OutputParser | None:
     """Attach text.format's constraint; a forced tool choice gets its own call reader."""
-    constraint = convert.output_constraint(body)
     forced = tools.forced(body, toolset, offered) if structured.enabled(target) else None
-    if forced is not None:
-        if constraint is not None:
-            raise bad_request(
-                "a forced tool_choice cannot be combined with a text.format", constraint.param
-            )
-        await structured.constrain_calls(target, gen, forced)
-        return structured.forced_output_parser(target, gen, forced)
-    if constraint is not None:
-        await structured.constrain(target, gen, constraint)
-    # No tools offered (none given, or tool_choice none): calls stay plain text.
-    return output_parser_for(target, gen, offered.specs or None)
+    await structured.attach(target, gen, convert.output_constraint(body), forced, "a text.format")
+    return structured.output_parser(target, gen, forced, offered.specs or None)
 
 
 def _keep(state: ServerState, turn: _Turn) -> None:
