@@ -189,6 +189,15 @@ class LimitsSettings(Section):
         ge=1,
         le=128,
     )
+    max_prompts: int = setting(
+        64,
+        Reload.HOT,
+        "Most prompts one /v1/completions request may batch (`prompt` as an array of "
+        "strings or of token-id arrays); each prompt's `n` choices count as sequences. "
+        "They queue for decode slots like separate requests.",
+        ge=1,
+        le=1024,
+    )
 
 
 class AuthSettings(Section):

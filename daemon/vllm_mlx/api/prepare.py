@@ -58,8 +58,8 @@ async def off_loop(
         ) from None
 
 
-async def prompt_tokens(target: Target, fn: Callable[..., list[int]], *args: Any) -> list[int]:
-    """A prompt rendered and tokenised by fn(*args) in a worker thread."""
+async def prompt_tokens(target: Target, fn: Callable[..., T], *args: Any) -> T:
+    """A prompt (or several) rendered and tokenised by fn(*args) in a worker thread."""
     limit_s = target.settings.limits.prompt_timeout
     return await off_loop(fn, *args, limit_s=limit_s, metrics=target.metrics)
 

@@ -130,18 +130,21 @@ def chat_prompt_tokens(
     return render_chat(tokenizer, template_messages(request), template_tools(request), kwargs)
 
 
-def completion_prompt_tokens(tokenizer: Any, request: CompletionRequest) -> list[int]:
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        vocab_size = len(tokenizer.get_vocab())
+def completion_prompt_tokens(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
+    """Every prompt of the request as token ids (text is encoded, ids are checked)."""
+    prompts = request.prompts()
+    vocab_size = len(tokenizer.get_vocab())
+    out = []
+    for index, prompt in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
+        if isinstance(prompt, str):
+            out.append(as_token_list(tokenizer.encode(prompt)))
+            continue
         ids = [int(t) for t in prompt]
         if any(t < 0 or t >= vocab_size for t in ids):
-            raise bad_request("prompt contains token ids outside the vocabulary", "prompt")
-        return ids
-    text: object = prompt[0] if isinstance(prompt, list) else prompt
-    if not isinstance(text, str) or not text:
-        raise bad_request("the prompt is empty", "prompt")
-    return as_token_list(tokenizer.encode(text))
+            raise bad_request(f"{where} contains token ids outside the vocabulary", where)
+        out.append(ids)
+    return out
 
 
 def usage_dict(usage: Usage) -> UsageDict:

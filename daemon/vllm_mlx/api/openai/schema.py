@@ -195,8 +195,9 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | None = Field(
-        "<|endoftext|>", description="one prompt: text or token ids"
+    prompt: str | list[str] | list[int] | list[list[int]] | None = Field(
+        "<|endoftext|>",
+        description="text, token ids, or several prompts: strings or token-id arrays",
     )
     max_tokens: int | None = Field(None, ge=0, description="0 with echo scores the prompt")
     echo: bool | None = None
@@ -206,17 +207,27 @@ class CompletionRequest(_SamplingFields):
 
     @field_validator("prompt")
     @classmethod
-    def _single_prompt(
-        cls, value: str | list[str] | list[int] | None
-    ) -> str | list[str] | list[int]:
+    def _no_empty_prompt(
+        cls, value: str | list[str] | list[int] | list[list[int]] | None
+    ) -> str | list[str] | list[int] | list[list[int]]:
         if value is None:
             return "<|endoftext|>"  # the spec's default
         if isinstance(value, list):
             if not value:
                 raise ValueError("the prompt is empty")
-            if isinstance(value[0], str) and len(value) != 1:
-                raise ValueError("only one prompt per request is supported")
+            for index, item in enumerate(value):
+                if isinstance(item, str | list) and not item:
+                    raise ValueError(f"prompt {index} is empty")
         return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request: one string or one array of token ids."""
+        prompt = self.prompt
+        if prompt is None or isinstance(prompt, str):
+            return [prompt or "<|endoftext|>"]
+        if isinstance(prompt[0], int):
+            return [prompt]
+        return list(prompt)
 
 
 # --- responses -----------------------------------------------------------------------
