@@ -23,9 +23,31 @@ def rel_error(got: mx.array, want: mx.array) -> float:
 
 @pytest.fixture
 def threads() -> Iterator[None]:
+    """Restores the defaults a test changed: threads, the split threshold, the ISA."""
+    if not BUILT:
+        yield
+        return
+    ext = qmm._import()
+    parallel_min = ext.parallel_min()
     yield
-    if BUILT:
-        qmm.set_threads(2)
+    qmm.set_threads(2)
+    ext.set_parallel_min(parallel_min)
+    ext.set_isa("best")
+
+
+def isas() -> list[str]:
+    """The instruction sets this CPU can run (the kernel picks the best by default)."""
+    if not BUILT:
+        return []
+    ext, found = qmm._import(), []
+    for name in ("avx512", "avx2", "scalar"):
+        try:
+            ext.set_isa(name)
+        except ValueError:
+            continue
+        found.append(name)
+    ext.set_isa("best")
+    return found
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="install.sh builds it on Linux")
@@ -33,22 +55,28 @@ def test_the_kernel_is_built_and_passes_its_self_check() -> None:
     """CI runs install.sh from a clean checkout: the kernel must come out of it."""
     assert qmm.status().available, qmm.status().detail
     if platform.machine() == "x86_64":
-        assert qmm.status().detail.startswith("avx2")
+        assert qmm.status().detail.startswith(("avx2", "avx512"))
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", isas())
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_matches_mlx_on_random_shapes(
-    bits: int, group_size: int, n_threads: int, threads: None
+    bits: int, group_size: int, n_threads: int, isa: str, threads: None
 ) -> None:
+    """Every instruction set the CPU has (AVX-512, AVX2, portable), threads 1 and 2."""
     qmm.set_threads(n_threads)
     ext = qmm._import()
+    ext.set_isa(isa)
+    assert ext.isa() == isa
+    ext.set_parallel_min(0)  # split even these small products over the threads
     key = mx.random.key(bits * 1000 + group_size)
     # Odd row counts (1..32 are decode shapes), odd output sizes (tile remainders),
     # and an output big enough to be split over threads.
-    for rows, n_out, k_groups in [(1, 67, 3), (3, 131, 5), (7, 517, 4), (17, 64, 2), (32, 9, 6)]:
+    shapes = [(1, 67, 3), (3, 131, 5), (7, 517, 4), (16, 301, 3), (17, 64, 2), (32, 9, 6)]
+    for rows, n_out, k_groups in shapes:
         k = k_groups * group_size
         k1, k2, key = mx.random.split(key, 3)
         w = mx.random.normal((n_out, k), key=k1)
@@ -61,16 +89,55 @@ def test_matches_mlx_on_random_shapes(
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", isas())
 @pytest.mark.parametrize("scale_dtype", [mx.float16, mx.bfloat16])
-def test_half_precision_scales(scale_dtype: mx.Dtype) -> None:
+def test_half_precision_scales(scale_dtype: mx.Dtype, isa: str, threads: None) -> None:
     ext = qmm._import()
+    ext.set_isa(isa)
     w = mx.random.normal((96, 256), key=mx.random.key(1))
-    x = mx.random.normal((5, 256), key=mx.random.key(2))
+    for rows in (1, 5, 9):
+        x = mx.random.normal((rows, 256), key=mx.random.key(2))
+        wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
+        scales, biases = scales.astype(scale_dtype), biases.astype(scale_dtype)
+        want = mx.quantized_matmul(x, wq, scales, biases, True, 64, 4)
+        got = ext.quantized_matmul(x, wq, scales, biases, 64, 4)
+        assert got.dtype == want.dtype and rel_error(got, want) <= 1e-4
+
+
+@needs_kernel
+def test_instruction_sets_agree_with_each_other(threads: None) -> None:
+    """The same product on every instruction set: all within float32 rounding of each other."""
+    ext = qmm._import()
+    w = mx.random.normal((200, 384), key=mx.random.key(5))
+    x = mx.random.normal((11, 384), key=mx.random.key(6))
     wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
-    scales, biases = scales.astype(scale_dtype), biases.astype(scale_dtype)
-    want = mx.quantized_matmul(x, wq, scales, biases, True, 64, 4)
-    got = ext.quantized_matmul(x, wq, scales, biases, 64, 4)
-    assert got.dtype == want.dtype and rel_error(got, want) <= 1e-4
+    results = {}
+    for isa in isas():
+        ext.set_isa(isa)
+        results[isa] = ext.quantized_matmul(x, wq, scales, biases, 64, 4)
+    assert "scalar" in results
+    for isa, got in results.items():
+        assert rel_error(got, results["scalar"]) <= 1e-5, isa
+    with pytest.raises(ValueError, match="isa must be"):
+        ext.set_isa("sse9")
+
+
+@needs_kernel
+def test_a_large_product_is_split_and_many_calls_reuse_the_pool(threads: None) -> None:
+    """Above the split threshold both threads take chunks; repeated calls (the pool's
+    wake-ups and sleeps) keep giving the same answer."""
+    ext = qmm._import()
+    qmm.set_threads(2)
+    w = mx.random.normal((4096, 256), key=mx.random.key(9))
+    wq, scales, biases = mx.quantize(w, group_size=32, bits=4)
+    x = mx.random.normal((2, 256), key=mx.random.key(10))
+    want = mx.quantized_matmul(x, wq, scales, biases, True, 32, 4)
+    ext.set_parallel_min(0)
+    split = [ext.quantized_matmul(x, wq, scales, biases, 32, 4) for _ in range(50)]
+    ext.set_parallel_min(2**40)
+    single = ext.quantized_matmul(x, wq, scales, biases, 32, 4)
+    assert rel_error(single, want) <= 1e-4
+    assert all(mx.array_equal(y, single).item() for y in split)
 
 
 @needs_kernel

@@ -1,4 +1,5 @@
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
 #include "qmm.h"
@@ -16,6 +17,11 @@ NB_MODULE(_qmm, m) {
       "x @ dequantize(w, scales, biases).T on the CPU; rows beyond max_rows use BLAS.");
   m.def("set_threads", &vllm_mlx_kernels::set_threads, "n"_a, "Threads per matmul.");
   m.def("threads", &vllm_mlx_kernels::threads, "Threads per matmul.");
-  m.def("isa", &vllm_mlx_kernels::isa, "The instruction set in use: avx2 or scalar.");
+  m.def("isa", &vllm_mlx_kernels::isa, "The instruction set in use: avx512, avx2 or scalar.");
+  m.def("set_isa", &vllm_mlx_kernels::set_isa, "name"_a,
+        "Force an instruction set (best, avx512, avx2, scalar); ValueError if unsupported.");
+  m.def("set_parallel_min", &vllm_mlx_kernels::set_parallel_min, "work"_a,
+        "Matmuls with less work (rows_out x inputs x (rows + 2)) stay on one thread.");
+  m.def("parallel_min", &vllm_mlx_kernels::parallel_min);
   m.def("supported", &vllm_mlx_kernels::supported, "bits"_a, "group_size"_a);
 }

@@ -2,35 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "qmm_internal.h"
 #include "thread_pool.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define VLLM_MLX_X86 1
-#endif
-
 namespace vllm_mlx_kernels {
-
-namespace {
-
-// Below this many weights a matmul runs on one thread: waking workers costs more.
-constexpr long kParallelMinWeights = 1L << 17;
-
-int g_threads = 0; // 0: not set, use the default
-
-int default_threads() {
-  unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(std::min(n, 16u));
-}
-
-ThreadPool& pool() {
-  // Never destroyed: joining workers during static destruction at exit can deadlock.
-  static ThreadPool* p = new ThreadPool();
-  return *p;
-}
 
 float half_to_float(uint16_t h) {
   uint32_t sign = (h & 0x8000u) << 16;
@@ -58,12 +38,46 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-float bf16_to_float(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+namespace {
+
+enum class Isa { scalar, avx2, avx512 };
+constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
+
+// A matmul whose work (output rows x inputs x (rows + 2): unpacking a weight costs about
+// two rows' FMAs) is under this stays on one thread: handing half of it to a sleeping
+// worker costs more than it saves. Measured with bench/qmm_layers.py (docs/benchmarks.md).
+long g_parallel_min = 1L << 22;
+int g_threads = 0; // 0: not set, use the default
+
+int default_threads() {
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(std::min(n, 16u));
 }
+
+ThreadPool& pool() {
+  // Never destroyed: joining workers during static destruction at exit can deadlock.
+  static ThreadPool* p = new ThreadPool();
+  return *p;
+}
+
+bool available(Isa isa) {
+#if defined(__x86_64__)
+  __builtin_cpu_init(); // may run from a static initialiser, before libgcc's own
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c");
+  // libgcc's check includes the OS saving the zmm registers (XCR0).
+  static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
+  return isa == Isa::scalar || (isa == Isa::avx2 && avx2) || (isa == Isa::avx512 && avx512);
+#else
+  return isa == Isa::scalar;
+#endif
+}
+
+Isa best_isa() {
+  return available(Isa::avx512) ? Isa::avx512 : available(Isa::avx2) ? Isa::avx2 : Isa::scalar;
+}
+
+Isa g_isa = best_isa();
 
 // Row n's scales (or biases) as float32 for the portable path: a pointer into the input
 // when it already is.
@@ -80,26 +94,18 @@ const float* row_as_float(const QmmProblem& p, const void* base, int n, float* b
   return buf;
 }
 
-// The activations the kernels read: x reordered to match how weights unpack (4-bit
-// kernels unpack a chunk of 16 weights as the 8 low nibbles, then the 8 high ones),
-// and x's sum over each group (the bias term is b[n, g] * sum of x over group g).
-struct Prepared {
-  std::vector<float> x;
-  std::vector<float> sums;
-};
-
-void prepare(const QmmProblem& p, bool interleave, Prepared& out) {
+void prepare(const QmmProblem& p, int block, Prepared& out) {
   int groups = p.K / p.group_size;
   out.x.resize(static_cast<size_t>(p.M) * p.K);
   out.sums.resize(static_cast<size_t>(p.M) * groups);
   for (int m = 0; m < p.M; ++m) {
     const float* src = p.x + static_cast<size_t>(m) * p.K;
     float* dst = out.x.data() + static_cast<size_t>(m) * p.K;
-    if (interleave) {
-      for (int k0 = 0; k0 < p.K; k0 += 16) {
-        for (int t = 0; t < 8; ++t) {
+    if (block > 0) {
+      for (int k0 = 0; k0 < p.K; k0 += 2 * block) {
+        for (int t = 0; t < block; ++t) {
           dst[k0 + t] = src[k0 + 2 * t];
-          dst[k0 + 8 + t] = src[k0 + 2 * t + 1];
+          dst[k0 + block + t] = src[k0 + 2 * t + 1];
         }
       }
     } else {
@@ -150,157 +156,12 @@ void rows_scalar(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end
   }
 }
 
-#ifdef VLLM_MLX_X86
-
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// One scale or bias as float32, converted in the tile's loop (no pass over the row).
-template <ScaleType ST>
-AVX2 inline float load_scale(const void* base, size_t i) {
-  if constexpr (ST == ScaleType::f32) {
-    return static_cast<const float*>(base)[i];
-  } else if constexpr (ST == ScaleType::f16) {
-    return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
-  } else {
-    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+void rows(Isa isa, const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  switch (isa) {
+    case Isa::avx512: rows_avx512(p, xp, n_begin, n_end); break;
+    case Isa::avx2: rows_avx2(p, xp, n_begin, n_end); break;
+    default: rows_scalar(p, xp, n_begin, n_end); break;
   }
-}
-
-// A tile of MT activation rows x NT output rows. Per chunk of 16 weights: unpack once,
-// FMA into every activation row; two accumulators per pair so FMA latency overlaps.
-template <int BITS, int MT, int NT, ScaleType ST>
-AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
-  const int K = p.K;
-  const int gs = p.group_size;
-  const int groups = K / gs;
-  const uint8_t* w[NT];
-  for (int j = 0; j < NT; ++j) {
-    w[j] = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(n0 + j) * K * BITS / 8;
-  }
-  const float* x[MT];
-  const float* xs[MT];
-  for (int i = 0; i < MT; ++i) {
-    x[i] = xp.x.data() + static_cast<size_t>(m0 + i) * K;
-    xs[i] = xp.sums.data() + static_cast<size_t>(m0 + i) * groups;
-  }
-  __m256 tot[MT][NT];
-  float bias[MT][NT];
-  for (int i = 0; i < MT; ++i) {
-    for (int j = 0; j < NT; ++j) {
-      tot[i][j] = _mm256_setzero_ps();
-      bias[i][j] = 0.0f;
-    }
-  }
-  const __m256i low4 = _mm256_set1_epi32(0xf);
-  for (int g = 0; g < groups; ++g) {
-    __m256 acc0[MT][NT], acc1[MT][NT];
-    for (int i = 0; i < MT; ++i) {
-      for (int j = 0; j < NT; ++j) {
-        acc0[i][j] = _mm256_setzero_ps();
-        acc1[i][j] = _mm256_setzero_ps();
-      }
-    }
-    for (int k = g * gs; k < (g + 1) * gs; k += 16) {
-      for (int j = 0; j < NT; ++j) {
-        __m256 lo, hi;
-        if constexpr (BITS == 4) {
-          __m256i q = _mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k / 2)));
-          lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, low4));
-          hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
-        } else {
-          lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k))));
-          hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k + 8))));
-        }
-        for (int i = 0; i < MT; ++i) {
-          acc0[i][j] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x[i] + k), acc0[i][j]);
-          acc1[i][j] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x[i] + k + 8), acc1[i][j]);
-        }
-      }
-    }
-    for (int j = 0; j < NT; ++j) {
-      size_t at = static_cast<size_t>(n0 + j) * groups + g;
-      __m256 scale = _mm256_set1_ps(load_scale<ST>(p.scales, at));
-      float b = load_scale<ST>(p.biases, at);
-      for (int i = 0; i < MT; ++i) {
-        tot[i][j] = _mm256_fmadd_ps(scale, _mm256_add_ps(acc0[i][j], acc1[i][j]), tot[i][j]);
-        bias[i][j] += b * xs[i][g];
-      }
-    }
-  }
-  for (int i = 0; i < MT; ++i) {
-    for (int j = 0; j < NT; ++j) {
-      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = hsum(tot[i][j]) + bias[i][j];
-    }
-  }
-}
-
-// Output rows [n_begin, n_end): one activation row takes 4 output rows at a time;
-// several take one output row and up to 4 activation rows.
-template <int BITS, ScaleType ST>
-void rows_avx2(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-  if (p.M == 1) {
-    int n = n_begin;
-    for (; n + 4 <= n_end; n += 4) {
-      tile_avx2<BITS, 1, 4, ST>(p, xp, 0, n);
-    }
-    for (; n < n_end; ++n) {
-      tile_avx2<BITS, 1, 1, ST>(p, xp, 0, n);
-    }
-    return;
-  }
-  for (int n = n_begin; n < n_end; ++n) {
-    int m = 0;
-    for (; m + 4 <= p.M; m += 4) {
-      tile_avx2<BITS, 4, 1, ST>(p, xp, m, n);
-    }
-    switch (p.M - m) {
-      case 3: tile_avx2<BITS, 3, 1, ST>(p, xp, m, n); break;
-      case 2: tile_avx2<BITS, 2, 1, ST>(p, xp, m, n); break;
-      case 1: tile_avx2<BITS, 1, 1, ST>(p, xp, m, n); break;
-      default: break;
-    }
-  }
-}
-
-template <int BITS>
-void rows_avx2_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-  switch (p.scale_type) {
-    case ScaleType::f32: rows_avx2<BITS, ScaleType::f32>(p, xp, n_begin, n_end); break;
-    case ScaleType::f16: rows_avx2<BITS, ScaleType::f16>(p, xp, n_begin, n_end); break;
-    case ScaleType::bf16: rows_avx2<BITS, ScaleType::bf16>(p, xp, n_begin, n_end); break;
-  }
-}
-
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c");
-  return yes;
-}
-
-#endif // VLLM_MLX_X86
-
-void rows(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-#ifdef VLLM_MLX_X86
-  if (has_avx2()) {
-    if (p.bits == 4) {
-      rows_avx2_typed<4>(p, xp, n_begin, n_end);
-    } else {
-      rows_avx2_typed<8>(p, xp, n_begin, n_end);
-    }
-    return;
-  }
-#endif
-  rows_scalar(p, xp, n_begin, n_end);
 }
 
 } // namespace
@@ -318,13 +179,32 @@ int threads() {
   return g_threads > 0 ? g_threads : default_threads();
 }
 
+void set_parallel_min(long work) {
+  g_parallel_min = std::max(0L, work);
+}
+
+long parallel_min() {
+  return g_parallel_min;
+}
+
 const char* isa() {
-#ifdef VLLM_MLX_X86
-  if (has_avx2()) {
-    return "avx2";
+  return kIsaNames[static_cast<int>(g_isa)];
+}
+
+void set_isa(const std::string& name) {
+  for (Isa candidate : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (name == kIsaNames[static_cast<int>(candidate)]) {
+      if (!available(candidate)) {
+        throw std::invalid_argument("this CPU has no " + name);
+      }
+      g_isa = candidate;
+      return;
+    }
   }
-#endif
-  return "scalar";
+  if (name != "best") {
+    throw std::invalid_argument("isa must be best, avx512, avx2 or scalar, not " + name);
+  }
+  g_isa = best_isa();
 }
 
 void qmm(const QmmProblem& p) {
@@ -332,22 +212,20 @@ void qmm(const QmmProblem& p) {
   // naming a thread_local inside the lambda would name the worker's own (empty) copy.
   thread_local Prepared prepared;
   const Prepared& xp = prepared;
-  bool interleave = p.bits == 4 && std::strcmp(isa(), "scalar") != 0;
-  prepare(p, interleave, prepared);
-  long weights = static_cast<long>(p.N) * p.K;
-  int n_threads = weights < kParallelMinWeights ? 1 : std::min(threads(), p.N / 4);
+  const Isa isa = g_isa; // one instruction set for the whole call (x's layout is per set)
+  int block = p.bits != 4 ? 0 : isa == Isa::avx512 ? 16 : isa == Isa::avx2 ? 8 : 0;
+  prepare(p, block, prepared);
+  long work = static_cast<long>(p.N) * p.K * (p.M + 2);
+  int n_threads = work < g_parallel_min ? 1 : std::min(threads(), p.N / 16);
   if (n_threads <= 1) {
-    rows(p, xp, 0, p.N);
+    rows(isa, p, xp, 0, p.N);
     return;
   }
-  // Split output rows in multiples of 4 so every thread keeps whole 4-row tiles.
-  int per = ((p.N + n_threads - 1) / n_threads + 3) / 4 * 4;
-  pool().run(n_threads, [&](int t) {
-    int begin = std::min(p.N, t * per);
-    int end = std::min(p.N, begin + per);
-    if (begin < end) {
-      rows(p, xp, begin, end);
-    }
+  // Chunks of whole 4-row tiles, about 4 per thread, so a late worker costs one chunk.
+  int per = std::max(16, (p.N / (4 * n_threads) + 3) / 4 * 4);
+  int chunks = (p.N + per - 1) / per;
+  pool().run(n_threads, chunks, [&](int c) {
+    rows(isa, p, xp, c * per, std::min(p.N, (c + 1) * per));
   });
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace vllm_mlx_kernels {
 
@@ -33,7 +34,13 @@ void qmm(const QmmProblem& p);
 void set_threads(int n);
 int threads();
 
-// "avx2" or "scalar": the instruction set the running machine gets.
+// Matmuls with less work than this (output rows x inputs x (rows + 2)) run on one thread.
+void set_parallel_min(long work);
+long parallel_min();
+
+// The instruction set in use: "avx512", "avx2" or "scalar" (the best the CPU has, unless
+// set_isa chose another: "best" or one of those; std::invalid_argument if the CPU lacks it).
 const char* isa();
+void set_isa(const std::string& name);
 
 } // namespace vllm_mlx_kernels

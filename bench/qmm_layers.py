@@ -1,0 +1,116 @@
+"""The kernel's matmuls alone, per decode step of the bundled model: variants side by side.
+
+    python bench/qmm_layers.py                          # threads 1 vs 2, every ISA
+    python bench/qmm_layers.py --baseline /tmp/old.so   # also an older build of _qmm
+
+One "step" evaluates every quantized layer of the model (211 for SmolLM2-135M) on `rows`
+random activation rows in one MLX graph, as a decode step does. Each variant runs in a
+fresh process; variants alternate over rounds so that load drift favours none. Reports
+wall and CPU (process_time: every thread of the process, spinning included) per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.machine import load_average
+from bench.peers import model_directory
+
+# Run in a fresh interpreter: argv = model_dir, cache, rows, steps, threads, isa, so.
+STEP_CODE = """
+import importlib.util, json, sys, time
+from pathlib import Path
+from typing import Any
+so = sys.argv[7]
+if so:  # an older build, in place of the one in the tree
+    spec = importlib.util.spec_from_file_location("vllm_mlx.kernels._qmm", so)
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    sys.modules["vllm_mlx.kernels._qmm"] = mod
+from vllm_mlx import blas
+blas.configure()
+import mlx.core as mx
+from vllm_mlx.config import ModelSettings
+from vllm_mlx.models import qmm
+from vllm_mlx.models.loader import load_model
+settings = ModelSettings(name="m", source=sys.argv[1], dtype="auto")
+model = load_model(settings, Path(sys.argv[2])).model
+ext = qmm._import()
+ext.set_threads(int(sys.argv[5]))
+if sys.argv[6] != "default":
+    ext.set_isa(sys.argv[6])
+rows, steps = int(sys.argv[3]), int(sys.argv[4])
+kinds = (qmm.KernelQuantizedLinear, qmm.KernelQuantizedEmbedding)
+layers = [m for _, m in model.named_modules() if isinstance(m, kinds)]
+xs = [mx.random.normal((rows, m["weight"].shape[1] * 32 // m.bits)) for m in layers]
+mx.eval(xs)
+def step():
+    mx.eval([qmm._matmul(m, x) for m, x in zip(layers, xs)])
+for _ in range(3):
+    step()
+wall, cpu = time.perf_counter(), time.process_time()
+for _ in range(steps):
+    step()
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+print(json.dumps({"layers": len(layers), "isa": ext.isa(),
+                  "wall_ms": 1e3 * wall / steps, "cpu_ms": 1e3 * cpu / steps}))
+"""
+
+
+def run_variant(
+    model_dir: Path, rows: int, steps: int, variant: tuple[int, str, str]
+) -> dict[str, Any]:
+    threads, isa, so = variant
+    cache = Path(os.environ.get("VLLM_MLX_BENCH_CACHE", "/tmp/vllm-mlx-bench-cache"))
+    args = [str(model_dir), str(cache), str(rows), str(steps), str(threads), isa, so]
+    out = subprocess.run(
+        [sys.executable, "-c", STEP_CODE, *args],
+        capture_output=True, text=True, check=True, timeout=900,
+    )  # fmt: skip
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--isa", nargs="+", default=["default"])
+    parser.add_argument("--baseline", default="", help="an older _qmm .so to compare")
+    args = parser.parse_args()
+    model_dir = model_directory()
+    variants = [(t, isa, "") for isa in args.isa for t in args.threads]
+    if args.baseline:
+        variants += [(t, "default", args.baseline) for t in args.threads]
+    print(f"load average at start: {load_average()}\n")
+    print("| rows | build | isa | threads | wall ms/step | CPU ms/step |")
+    print("| ---: | --- | --- | ---: | ---: | ---: |")
+    for rows in args.rows:
+        totals: dict[tuple[int, str, str], list[float]] = {v: [0.0, 0.0] for v in variants}
+        for r in range(args.rounds):
+            order = variants if r % 2 == 0 else variants[::-1]
+            for v in order:
+                res = run_variant(model_dir, rows, args.steps, v)
+                totals[v][0] += res["wall_ms"] / args.rounds
+                totals[v][1] += res["cpu_ms"] / args.rounds
+                build = "baseline" if v[2] else "this tree"
+                print(f"| {rows} | {build} | {res['isa']} | {v[0]} | {res['wall_ms']:.1f} "
+                      f"| {res['cpu_ms']:.1f} |", flush=True)  # fmt: skip
+        for v, (wall, cpu) in totals.items():
+            build = "baseline" if v[2] else "this tree"
+            print(f"- rows {rows}, {build}, isa {v[1]}, {v[0]} threads: "
+                  f"mean wall {wall:.1f} ms, CPU {cpu:.1f} ms per step")  # fmt: skip
+    print(f"\nload average at end: {load_average()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

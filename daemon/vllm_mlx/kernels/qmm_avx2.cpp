@@ -1,0 +1,153 @@
+// The AVX2/FMA/F16C tiles (compiled per function with target attributes, chosen at run
+// time by qmm_kernel.cpp). 4-bit weights: x is interleaved in blocks of 16 (qmm_internal.h).
+#include "qmm_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace vllm_mlx_kernels {
+
+namespace {
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// One scale or bias as float32, converted in the tile's loop (no pass over the row).
+template <ScaleType ST>
+AVX2 inline float load_scale(const void* base, size_t i) {
+  if constexpr (ST == ScaleType::f32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (ST == ScaleType::f16) {
+    return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
+  } else {
+    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+// A tile of MT activation rows x NT output rows. Per chunk of 16 weights: unpack once,
+// FMA into every activation row; two accumulators per pair so FMA latency overlaps.
+template <int BITS, int MT, int NT, ScaleType ST>
+AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
+  const int K = p.K;
+  const int gs = p.group_size;
+  const int groups = K / gs;
+  const uint8_t* w[NT];
+  for (int j = 0; j < NT; ++j) {
+    w[j] = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(n0 + j) * K * BITS / 8;
+  }
+  const float* x[MT];
+  const float* xs[MT];
+  for (int i = 0; i < MT; ++i) {
+    x[i] = xp.x.data() + static_cast<size_t>(m0 + i) * K;
+    xs[i] = xp.sums.data() + static_cast<size_t>(m0 + i) * groups;
+  }
+  __m256 tot[MT][NT];
+  float bias[MT][NT];
+  for (int i = 0; i < MT; ++i) {
+    for (int j = 0; j < NT; ++j) {
+      tot[i][j] = _mm256_setzero_ps();
+      bias[i][j] = 0.0f;
+    }
+  }
+  const __m256i low4 = _mm256_set1_epi32(0xf);
+  for (int g = 0; g < groups; ++g) {
+    __m256 acc0[MT][NT], acc1[MT][NT];
+    for (int i = 0; i < MT; ++i) {
+      for (int j = 0; j < NT; ++j) {
+        acc0[i][j] = _mm256_setzero_ps();
+        acc1[i][j] = _mm256_setzero_ps();
+      }
+    }
+    for (int k = g * gs; k < (g + 1) * gs; k += 16) {
+      for (int j = 0; j < NT; ++j) {
+        __m256 lo, hi;
+        if constexpr (BITS == 4) {
+          __m256i q = _mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k / 2)));
+          lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, low4));
+          hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
+        } else {
+          lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k))));
+          hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k + 8))));
+        }
+        for (int i = 0; i < MT; ++i) {
+          acc0[i][j] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x[i] + k), acc0[i][j]);
+          acc1[i][j] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x[i] + k + 8), acc1[i][j]);
+        }
+      }
+    }
+    for (int j = 0; j < NT; ++j) {
+      size_t at = static_cast<size_t>(n0 + j) * groups + g;
+      __m256 scale = _mm256_set1_ps(load_scale<ST>(p.scales, at));
+      float b = load_scale<ST>(p.biases, at);
+      for (int i = 0; i < MT; ++i) {
+        tot[i][j] = _mm256_fmadd_ps(scale, _mm256_add_ps(acc0[i][j], acc1[i][j]), tot[i][j]);
+        bias[i][j] += b * xs[i][g];
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    for (int j = 0; j < NT; ++j) {
+      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = hsum(tot[i][j]) + bias[i][j];
+    }
+  }
+}
+
+// Output rows [n_begin, n_end): one activation row takes 4 output rows at a time;
+// several take one output row and up to 4 activation rows.
+template <int BITS, ScaleType ST>
+void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  if (p.M == 1) {
+    int n = n_begin;
+    for (; n + 4 <= n_end; n += 4) {
+      tile_avx2<BITS, 1, 4, ST>(p, xp, 0, n);
+    }
+    for (; n < n_end; ++n) {
+      tile_avx2<BITS, 1, 1, ST>(p, xp, 0, n);
+    }
+    return;
+  }
+  for (int n = n_begin; n < n_end; ++n) {
+    int m = 0;
+    for (; m + 4 <= p.M; m += 4) {
+      tile_avx2<BITS, 4, 1, ST>(p, xp, m, n);
+    }
+    switch (p.M - m) {
+      case 3: tile_avx2<BITS, 3, 1, ST>(p, xp, m, n); break;
+      case 2: tile_avx2<BITS, 2, 1, ST>(p, xp, m, n); break;
+      case 1: tile_avx2<BITS, 1, 1, ST>(p, xp, m, n); break;
+      default: break;
+    }
+  }
+}
+
+template <int BITS>
+void rows_bits(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  switch (p.scale_type) {
+    case ScaleType::f32: rows_typed<BITS, ScaleType::f32>(p, xp, n_begin, n_end); break;
+    case ScaleType::f16: rows_typed<BITS, ScaleType::f16>(p, xp, n_begin, n_end); break;
+    case ScaleType::bf16: rows_typed<BITS, ScaleType::bf16>(p, xp, n_begin, n_end); break;
+  }
+}
+
+} // namespace
+
+void rows_avx2(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  if (p.bits == 4) {
+    rows_bits<4>(p, xp, n_begin, n_end);
+  } else {
+    rows_bits<8>(p, xp, n_begin, n_end);
+  }
+}
+
+} // namespace vllm_mlx_kernels
+
+#endif // __x86_64__

@@ -1,0 +1,187 @@
+// The AVX-512 tiles (target attributes; qmm_kernel.cpp picks them at run time when the CPU
+// and OS support AVX-512F). 4-bit weights: x is interleaved in blocks of 32
+// (qmm_internal.h), so 16 bytes of weights unpack to 2 x 16 floats without shuffles.
+//
+// Two tiles. Decode (one activation row): 4 output rows at a time; per group the q * x
+// products are summed, then scaled once, and the bias term comes from x's group sums, so
+// each weight costs one FMA. Several rows (batched decode, short prefill): a chunk of
+// weights for 2 output rows is unpacked and dequantized (s * q + b) once, then FMA'd into
+// 8 activation rows: 16 accumulators stay in the 32 vector registers, and unpacking is
+// paid once per 8 rows instead of once per 4 (AVX2).
+#include "qmm_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace vllm_mlx_kernels {
+
+namespace {
+
+#define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+AVX512 inline float scale_at(const QmmProblem& p, const void* base, size_t i) {
+  switch (p.scale_type) {
+    case ScaleType::f16: return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
+    case ScaleType::bf16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+// The 32 weights of a row from k on, as floats, in the order x was prepared in.
+template <int BITS>
+AVX512 inline void unpack(const uint8_t* w, int k, __m512& lo, __m512& hi) {
+  if constexpr (BITS == 4) {
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2)));
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0xf)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+  } else {
+    auto at = [&](int o) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k + o)); };
+    lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(at(0)));
+    hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(at(16)));
+  }
+}
+
+template <int BITS>
+const uint8_t* row_of(const QmmProblem& p, int n) {
+  return reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(n) * p.K * BITS / 8;
+}
+
+template <int BITS, int NT>
+AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
+  const int gs = p.group_size;
+  const int groups = p.K / gs;
+  const uint8_t* w[NT];
+  __m512 tot[NT];
+  float bias[NT];
+  for (int j = 0; j < NT; ++j) {
+    w[j] = row_of<BITS>(p, n0 + j);
+    tot[j] = _mm512_setzero_ps();
+    bias[j] = 0.0f;
+  }
+  const float* x = xp.x.data();
+  for (int g = 0; g < groups; ++g) {
+    __m512 acc0[NT], acc1[NT];
+    for (int j = 0; j < NT; ++j) {
+      acc0[j] = _mm512_setzero_ps();
+      acc1[j] = _mm512_setzero_ps();
+    }
+    for (int k = g * gs; k < (g + 1) * gs; k += 32) {
+      __m512 xl = _mm512_loadu_ps(x + k), xh = _mm512_loadu_ps(x + k + 16);
+      for (int j = 0; j < NT; ++j) {
+        __m512 lo, hi;
+        unpack<BITS>(w[j], k, lo, hi);
+        acc0[j] = _mm512_fmadd_ps(lo, xl, acc0[j]);
+        acc1[j] = _mm512_fmadd_ps(hi, xh, acc1[j]);
+      }
+    }
+    for (int j = 0; j < NT; ++j) {
+      size_t at = static_cast<size_t>(n0 + j) * groups + g;
+      __m512 scale = _mm512_set1_ps(scale_at(p, p.scales, at));
+      tot[j] = _mm512_fmadd_ps(scale, _mm512_add_ps(acc0[j], acc1[j]), tot[j]);
+      bias[j] += scale_at(p, p.biases, at) * xp.sums[g];
+    }
+  }
+  for (int j = 0; j < NT; ++j) {
+    p.y[n0 + j] = _mm512_reduce_add_ps(tot[j]) + bias[j];
+  }
+}
+
+template <int BITS, int MT, int NT>
+AVX512 void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
+  const int gs = p.group_size;
+  const int groups = p.K / gs;
+  const uint8_t* w[NT];
+  for (int j = 0; j < NT; ++j) {
+    w[j] = row_of<BITS>(p, n0 + j);
+  }
+  const float* x[MT];
+  __m512 acc[MT][NT];
+  for (int i = 0; i < MT; ++i) {
+    x[i] = xp.x.data() + static_cast<size_t>(m0 + i) * p.K;
+    for (int j = 0; j < NT; ++j) {
+      acc[i][j] = _mm512_setzero_ps();
+    }
+  }
+  for (int g = 0; g < groups; ++g) {
+    __m512 s[NT], b[NT];
+    for (int j = 0; j < NT; ++j) {
+      size_t at = static_cast<size_t>(n0 + j) * groups + g;
+      s[j] = _mm512_set1_ps(scale_at(p, p.scales, at));
+      b[j] = _mm512_set1_ps(scale_at(p, p.biases, at));
+    }
+    for (int k = g * gs; k < (g + 1) * gs; k += 32) {
+      __m512 lo[NT], hi[NT];
+      for (int j = 0; j < NT; ++j) {
+        unpack<BITS>(w[j], k, lo[j], hi[j]);
+        lo[j] = _mm512_fmadd_ps(lo[j], s[j], b[j]);
+        hi[j] = _mm512_fmadd_ps(hi[j], s[j], b[j]);
+      }
+      for (int i = 0; i < MT; ++i) {
+        __m512 xl = _mm512_loadu_ps(x[i] + k), xh = _mm512_loadu_ps(x[i] + k + 16);
+        for (int j = 0; j < NT; ++j) {
+          acc[i][j] = _mm512_fmadd_ps(lo[j], xl, acc[i][j]);
+          acc[i][j] = _mm512_fmadd_ps(hi[j], xh, acc[i][j]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    for (int j = 0; j < NT; ++j) {
+      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]);
+    }
+  }
+}
+
+// Every activation row for output rows [n, n + NT): 8 rows a tile, then 4, 2, 1.
+template <int BITS, int NT>
+void rows_at(const QmmProblem& p, const Prepared& xp, int n) {
+  int m = 0;
+  for (; m + 8 <= p.M; m += 8) {
+    tile_rows<BITS, 8, NT>(p, xp, m, n);
+  }
+  if (p.M - m >= 4) {
+    tile_rows<BITS, 4, NT>(p, xp, m, n);
+    m += 4;
+  }
+  if (p.M - m >= 2) {
+    tile_rows<BITS, 2, NT>(p, xp, m, n);
+    m += 2;
+  }
+  if (p.M - m >= 1) {
+    tile_rows<BITS, 1, NT>(p, xp, m, n);
+  }
+}
+
+template <int BITS>
+void rows_bits(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  int n = n_begin;
+  if (p.M == 1) {
+    for (; n + 4 <= n_end; n += 4) {
+      tile_decode<BITS, 4>(p, xp, n);
+    }
+    for (; n < n_end; ++n) {
+      tile_decode<BITS, 1>(p, xp, n);
+    }
+    return;
+  }
+  for (; n + 2 <= n_end; n += 2) {
+    rows_at<BITS, 2>(p, xp, n);
+  }
+  if (n < n_end) {
+    rows_at<BITS, 1>(p, xp, n);
+  }
+}
+
+} // namespace
+
+void rows_avx512(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  if (p.bits == 4) {
+    rows_bits<4>(p, xp, n_begin, n_end);
+  } else {
+    rows_bits<8>(p, xp, n_begin, n_end);
+  }
+}
+
+} // namespace vllm_mlx_kernels
+
+#endif // __x86_64__
