@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.machine import load_average
 from bench.peers import model_directory
 
-# Run in a fresh interpreter: argv = model_dir, cache, rows, steps, threads, isa, so.
+# Run in a fresh interpreter: argv = model_dir, cache, rows, steps, threads, isa, so,
+# parallel_min (-1: the build's default).
 STEP_CODE = """
 import importlib.util, json, sys, time
 from pathlib import Path
@@ -46,6 +48,8 @@ ext = qmm._import()
 ext.set_threads(int(sys.argv[5]))
 if sys.argv[6] != "default":
     ext.set_isa(sys.argv[6])
+if int(sys.argv[8]) >= 0:
+    ext.set_parallel_min(int(sys.argv[8]))
 rows, steps = int(sys.argv[3]), int(sys.argv[4])
 kinds = (qmm.KernelQuantizedLinear, qmm.KernelQuantizedEmbedding)
 layers = [m for _, m in model.named_modules() if isinstance(m, kinds)]
@@ -64,17 +68,35 @@ print(json.dumps({"layers": len(layers), "isa": ext.isa(),
 """
 
 
-def run_variant(
-    model_dir: Path, rows: int, steps: int, variant: tuple[int, str, str]
-) -> dict[str, Any]:
-    threads, isa, so = variant
+@dataclass(frozen=True)
+class Variant:
+    threads: int
+    isa: str = "default"
+    so: str = ""  # an older build of _qmm; "": this tree's
+    parallel_min: int = -1  # -1: the build's default split threshold
+
+    def label(self) -> str:
+        build = "baseline" if self.so else "this tree"
+        split = "" if self.parallel_min < 0 else f", split >= {self.parallel_min}"
+        return f"{build}, {self.threads} threads{split}"
+
+
+def run_variant(model_dir: Path, rows: int, steps: int, v: Variant) -> dict[str, Any]:
     cache = Path(os.environ.get("VLLM_MLX_BENCH_CACHE", "/tmp/vllm-mlx-bench-cache"))
-    args = [str(model_dir), str(cache), str(rows), str(steps), str(threads), isa, so]
+    args = [str(model_dir), str(cache), str(rows), str(steps), str(v.threads), v.isa, v.so]
     out = subprocess.run(
-        [sys.executable, "-c", STEP_CODE, *args],
+        [sys.executable, "-c", STEP_CODE, *args, str(v.parallel_min)],
         capture_output=True, text=True, check=True, timeout=900,
     )  # fmt: skip
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def variants(args: argparse.Namespace) -> list[Variant]:
+    found = [Variant(t, isa) for isa in args.isa for t in args.threads]
+    found += [Variant(2, "default", "", m) for m in args.parallel_min]
+    if args.baseline:
+        found += [Variant(t, "default", args.baseline) for t in args.threads]
+    return found
 
 
 def main() -> int:
@@ -84,30 +106,27 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--isa", nargs="+", default=["default"])
+    parser.add_argument("--parallel-min", type=int, nargs="*", default=[],
+                        help="split thresholds to try at 2 threads")  # fmt: skip
     parser.add_argument("--baseline", default="", help="an older _qmm .so to compare")
     args = parser.parse_args()
     model_dir = model_directory()
-    variants = [(t, isa, "") for isa in args.isa for t in args.threads]
-    if args.baseline:
-        variants += [(t, "default", args.baseline) for t in args.threads]
+    chosen = variants(args)
     print(f"load average at start: {load_average()}\n")
-    print("| rows | build | isa | threads | wall ms/step | CPU ms/step |")
-    print("| ---: | --- | --- | ---: | ---: | ---: |")
+    print("| rows | variant | isa | wall ms/step | CPU ms/step |")
+    print("| ---: | --- | --- | ---: | ---: |")
     for rows in args.rows:
-        totals: dict[tuple[int, str, str], list[float]] = {v: [0.0, 0.0] for v in variants}
+        totals = {v: [0.0, 0.0] for v in chosen}
         for r in range(args.rounds):
-            order = variants if r % 2 == 0 else variants[::-1]
-            for v in order:
+            for v in chosen if r % 2 == 0 else chosen[::-1]:
                 res = run_variant(model_dir, rows, args.steps, v)
                 totals[v][0] += res["wall_ms"] / args.rounds
                 totals[v][1] += res["cpu_ms"] / args.rounds
-                build = "baseline" if v[2] else "this tree"
-                print(f"| {rows} | {build} | {res['isa']} | {v[0]} | {res['wall_ms']:.1f} "
+                print(f"| {rows} | {v.label()} | {res['isa']} | {res['wall_ms']:.1f} "
                       f"| {res['cpu_ms']:.1f} |", flush=True)  # fmt: skip
         for v, (wall, cpu) in totals.items():
-            build = "baseline" if v[2] else "this tree"
-            print(f"- rows {rows}, {build}, isa {v[1]}, {v[0]} threads: "
-                  f"mean wall {wall:.1f} ms, CPU {cpu:.1f} ms per step")  # fmt: skip
+            print(f"- rows {rows}, {v.label()}, isa {v.isa}: mean wall {wall:.1f} ms, "
+                  f"CPU {cpu:.1f} ms per step")  # fmt: skip
     print(f"\nload average at end: {load_average()}")
     return 0
 
