@@ -2,11 +2,13 @@
 
     python bench/qmm.py            # ~10 minutes on 2 busy cores
     python bench/qmm.py --profile  # also py-spy and perf profiles of the decode step
+    python bench/qmm.py --llama-server /path/llama-server --mlx-lm  # and the peers
 
 Two daemons on the bundled model, same BLAS: `dtype: auto` (the kernel when built) and
-`dtype: float32` (today's path). Scenarios alternate between them so that load drift
-favours neither. Then the resident memory the weights add to a fresh process, and
-optionally where a decode step spends its time. Prints markdown.
+`dtype: float32` (today's path); optionally llama-server on the bundled GGUF and
+mlx_lm.server on the float32 copy with the same BLAS. Scenarios rotate the order of the
+servers so that load drift favours none. Then the resident memory the weights add to a
+fresh process, and optionally where a decode step spends its time. Prints markdown.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,7 +28,15 @@ import httpx
 
 from bench.loadgen import Scenario, run_scenario, warm_up
 from bench.machine import load_average
-from bench.peers import PeerSpec, model_directory, running, vllm_mlx_spec
+from bench.peers import (
+    PeerSpec,
+    float32_directory,
+    llama_server_spec,
+    mlx_lm_spec,
+    model_directory,
+    running,
+    vllm_mlx_spec,
+)
 from bench.prompts import PROMPT_SETS
 from bench.stats import summarize
 
@@ -86,16 +97,37 @@ def daemon_rss_mib(spec: PeerSpec) -> float:
     return float(status["memory"]["rss_gb"]) * 1024
 
 
-def serve_side_by_side(work: Path, model_dir: Path) -> None:
+def peer_specs(args: argparse.Namespace, work: Path, model_dir: Path) -> list[PeerSpec]:
+    """The kernel and float32 daemons, then the peers asked for (skipped ones reported)."""
     specs = [vllm_mlx_spec(work, model_dir, name, model=cfg) for name, cfg in PATHS.items()]
+    if args.llama_server:
+        from vllm_mlx.models.sources import builtin_path
+
+        gguf = builtin_path("smollm2-135m-instruct")
+        specs.append(llama_server_spec(args.llama_server, gguf, 16, args.threads))
+    if args.mlx_lm:
+        from vllm_mlx import blas
+
+        choice = blas.configure("auto")  # only to hand mlx_lm.server the same BLAS
+        f32_dir = float32_directory(model_dir, work.parent / "bench-models")
+        specs.append(mlx_lm_spec(f32_dir, "mlx_lm.server", choice.path))
+    for spec in specs:
+        if spec.skip:
+            print(f"- skipped {spec.label}: {spec.skip}")
+    return [spec for spec in specs if not spec.skip]
+
+
+def serve_side_by_side(specs: list[PeerSpec], work: Path) -> None:
     print(f"load average at start: {load_average()}\n")
     print("| concurrency | path | aggregate tok/s | per-stream tok/s p50 | TTFT p50 s | errors |")
     print("| ---: | --- | ---: | ---: | ---: | ---: |")
     results: dict[tuple[int, str], float] = {}
-    with running(specs[0], work / "kernel.log") as a, running(specs[1], work / "f32.log") as b:
+    with ExitStack() as stack:
+        live = [stack.enter_context(running(s, work / f"{s.name}-{s.port}.log")) for s in specs]
         for index, (concurrency, per_client) in enumerate(CASES * 2):
             scenario = Scenario(PROMPT_SETS["short"], concurrency, per_client, NEW_TOKENS, 900.0)
-            for spec in (a, b) if index % 2 == 0 else (b, a):
+            shift = index % len(live)
+            for spec in live[shift:] + live[:shift]:
                 asyncio.run(warm_up(spec.base_url, spec.model_id, scenario))
                 s = summarize(asyncio.run(run_scenario(spec.base_url, spec.model_id, scenario)))
                 results.setdefault((concurrency, spec.label), 0.0)
@@ -105,11 +137,16 @@ def serve_side_by_side(work: Path, model_dir: Path) -> None:
                     f"| {s.per_request_tok_s.p50:.1f} | {s.ttft_s.p50:.2f} | {s.errors} |",
                     flush=True,
                 )
-        rss = {spec.label: daemon_rss_mib(spec) for spec in (a, b)}
+        rss = {spec.label: daemon_rss_mib(spec) for spec in live[:2]}
     print(f"\nload average at end: {load_average()}")
     for concurrency, _ in CASES:
-        k, f = results[(concurrency, "kernel")], results[(concurrency, "float32")]
-        print(f"- concurrency {concurrency}: kernel / float32 = {k / f:.2f}x (mean of 2 rounds)")
+        k = results[(concurrency, "kernel")]
+        ratios = ", ".join(
+            f"kernel / {label} = {k / tok_s:.2f}x"
+            for (c, label), tok_s in results.items()
+            if c == concurrency and label != "kernel"
+        )
+        print(f"- concurrency {concurrency} (mean of 2 rounds): {ratios}")
     print(f"- daemon RSS after the run: kernel {rss['kernel']:.0f} MiB, "
           f"float32 {rss['float32']:.0f} MiB")  # fmt: skip
 
@@ -157,11 +194,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--skip-serve", action="store_true")
+    parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server threads")
+    parser.add_argument("--mlx-lm", action="store_true", help="also mlx_lm.server (float32)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-mlx-qmm-"))
     model_dir = model_directory()
     if not args.skip_serve:
-        serve_side_by_side(work, model_dir)
+        serve_side_by_side(peer_specs(args, work, model_dir), work)
     cache = work / "cache"
     kernel, float32 = rss_mib(model_dir, "auto", cache), rss_mib(model_dir, "float32", cache)
     print(f"- weights RSS (fresh process, after load): kernel {kernel:.0f} MiB, float32 "
