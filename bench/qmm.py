@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -156,12 +157,15 @@ def profile(work: Path, model_dir: Path, cache: Path, steps: int) -> None:
     for name, cfg in PATHS.items():
         args = [sys.executable, "-c", DECODE_CODE, str(model_dir), cfg["dtype"], str(cache)]
         raw = work / f"pyspy-{name}.txt"
-        subprocess.run(
-            ["py-spy", "record", "--native", "-r", "200", "-f", "raw", "-o", str(raw), "--",
-             *args, str(steps)], check=True, capture_output=True,
-        )  # fmt: skip
-        print(f"\n### py-spy, {name} (decode loop, main thread, self time)\n")
-        print(top_frames(raw))
+        if not shutil.which("py-spy"):
+            print("\n(py-spy is not installed: no Python-side profile)")
+        else:
+            subprocess.run(
+                ["py-spy", "record", "--native", "-r", "200", "-f", "raw", "-o", str(raw), "--",
+                 *args, str(steps)], check=True, capture_output=True,
+            )  # fmt: skip
+            print(f"\n### py-spy, {name} (decode loop, main thread, self time)\n")
+            print(top_frames(raw))
         data = work / f"perf-{name}.data"
         subprocess.run(
             ["perf", "record", "-F", "499", "-o", str(data), "--", *args, str(steps)],

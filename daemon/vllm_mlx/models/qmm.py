@@ -1,8 +1,9 @@
 """The fast quantized path on the CPU: vllm_mlx/kernels' MLX extension, when built.
 
 MLX's CPU quantized matmul is a plain loop, so on Linux `dtype: auto` used to dequantize
-models to float32 for BLAS (docs/benchmarks.md). The extension (AVX2/FMA, threads over
-output rows) reads the packed 4- or 8-bit weights directly, which is what bounds decoding.
+models to float32 for BLAS (docs/benchmarks.md). The extension (AVX-512 or AVX2/FMA,
+chosen at run time; threads over output rows) reads the packed 4- or 8-bit weights
+directly, which is what bounds decoding.
 `install.sh` builds it; when it is missing, does not load, or gives wrong answers on a
 self-check, `status()` says why and the model stays on the path it had before.
 
@@ -37,7 +38,7 @@ FAILURE_NOTE = KERNEL_DIR / "BUILD_FAILED"  # install.sh writes the build's erro
 @dataclass(frozen=True)
 class KernelStatus:
     available: bool
-    detail: str  # what runs ("avx2, 2 threads") or why the kernel is not used
+    detail: str  # what runs ("avx512, 2 threads") or why the kernel is not used
 
 
 def status() -> KernelStatus:
