@@ -105,7 +105,8 @@ def peer_specs(args: argparse.Namespace, work: Path, model_dir: Path) -> list[Pe
         from vllm_mlx.models.sources import builtin_path
 
         gguf = builtin_path("smollm2-135m-instruct")
-        specs.append(llama_server_spec(args.llama_server, gguf, 16, args.threads))
+        # -t 2 spins in barriers between ops: on a loaded 2-core machine -t 1 can be faster.
+        specs += [llama_server_spec(args.llama_server, gguf, 16, t) for t in args.threads]
     if args.mlx_lm:
         from vllm_mlx import blas
 
@@ -199,7 +200,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--skip-serve", action="store_true")
     parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary")
-    parser.add_argument("--threads", type=int, default=2, help="llama-server threads")
+    parser.add_argument("--threads", type=int, nargs="+", default=[2], help="llama-server -t")
     parser.add_argument("--mlx-lm", action="store_true", help="also mlx_lm.server (float32)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-mlx-qmm-"))
