@@ -83,7 +83,9 @@ install_openblas || true
 # Linux: the quantized CPU kernel (daemon/vllm_mlx/kernels, an MLX C++ extension) lets
 # 4/8-bit models decode from their stored weights instead of float32 copies. Best
 # effort: when it does not build, the daemon serves as before and says why at start-up
-# (models/qmm.py reads the note left in kernels/BUILD_FAILED).
+# (models/qmm.py reads the note left in kernels/BUILD_FAILED). `install`, not `cp`: it
+# writes a new file instead of rewriting the one a running daemon has mapped (which
+# crashes that daemon).
 build_kernel() {
   [[ $(uname -s) == Linux ]] || return 0
   local src=daemon/vllm_mlx/kernels out=build/kernels
@@ -93,7 +95,7 @@ build_kernel() {
   if .venv/bin/cmake -S "$src" -B "$out" -DCMAKE_BUILD_TYPE=Release \
       -DPython_EXECUTABLE="$here/.venv/bin/python" >"$log" 2>&1 \
     && .venv/bin/cmake --build "$out" -j "$(nproc 2>/dev/null || echo 2)" >>"$log" 2>&1 \
-    && cp "$out"/_qmm*.so "$src"/; then
+    && install -m 0755 "$out"/_qmm*.so "$src"/; then
     echo "install.sh: built the quantized CPU kernel"
     return 0
   fi
