@@ -83,9 +83,13 @@ install_openblas || true
 # Linux: the quantized CPU kernel (daemon/vllm_mlx/kernels, an MLX C++ extension) lets
 # 4/8-bit models decode from their stored weights instead of float32 copies. Best
 # effort: when it does not build, the daemon serves as before and says why at start-up
-# (models/qmm.py reads the note left in kernels/BUILD_FAILED). `install`, not `cp`: it
-# writes a new file instead of rewriting the one a running daemon has mapped (which
-# crashes that daemon).
+# (models/qmm.py reads the note left in kernels/BUILD_FAILED).
+# Copy, then rename: rewriting in place the .so a running daemon has mapped crashes it.
+replace_so() {
+  local built=$1 dir=$2 name
+  name=$(basename "$built")
+  cp "$built" "$dir/.new-$name" && mv -f "$dir/.new-$name" "$dir/$name"
+}
 build_kernel() {
   [[ $(uname -s) == Linux ]] || return 0
   local src=daemon/vllm_mlx/kernels out=build/kernels
@@ -95,7 +99,7 @@ build_kernel() {
   if .venv/bin/cmake -S "$src" -B "$out" -DCMAKE_BUILD_TYPE=Release \
       -DPython_EXECUTABLE="$here/.venv/bin/python" >"$log" 2>&1 \
     && .venv/bin/cmake --build "$out" -j "$(nproc 2>/dev/null || echo 2)" >>"$log" 2>&1 \
-    && install -m 0755 "$out"/_qmm*.so "$src"/; then
+    && replace_so "$out"/_qmm*.so "$src"; then
     echo "install.sh: built the quantized CPU kernel"
     return 0
   fi
