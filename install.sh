@@ -107,7 +107,7 @@ build_kernel() {
   { echo "full log: $here/$log"; grep -m 3 -iE "error|not found" "$log" || tail -n 3 "$log"; } \
     >"$src/BUILD_FAILED"
   echo "install.sh: the quantized CPU kernel did not build (see $log); the daemon" >&2
-  echo "  still runs, on the float32 path. A C++17 compiler is needed (Debian: g++)." >&2
+  echo "  still runs, on the float32 path. A C++20 compiler is needed (Debian: g++ 11 or newer)." >&2
 }
 build_kernel
 
