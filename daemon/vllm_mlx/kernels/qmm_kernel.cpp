@@ -1,6 +1,7 @@
 #include "qmm_kernel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -46,8 +47,9 @@ constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
 // A matmul whose work (output rows x inputs x (rows + 2): unpacking a weight costs about
 // two rows' FMAs) is under this stays on one thread: handing half of it to a sleeping
 // worker costs more than it saves. Measured with bench/qmm_layers.py (docs/benchmarks.md).
-long g_parallel_min = 1L << 22;
-int g_threads = 0; // 0: not set, use the default
+// Atomics: tests and benchmarks change these while MLX streams may be running matmuls.
+std::atomic<long> g_parallel_min{1L << 22};
+std::atomic<int> g_threads{0}; // 0: not set, use the default
 
 int default_threads() {
   unsigned n = std::thread::hardware_concurrency();
@@ -77,7 +79,7 @@ Isa best_isa() {
   return available(Isa::avx512) ? Isa::avx512 : available(Isa::avx2) ? Isa::avx2 : Isa::scalar;
 }
 
-Isa g_isa = best_isa();
+std::atomic<Isa> g_isa{best_isa()};
 
 // Row n's scales (or biases) as float32 for the portable path: a pointer into the input
 // when it already is.
@@ -176,7 +178,8 @@ void set_threads(int n) {
 }
 
 int threads() {
-  return g_threads > 0 ? g_threads : default_threads();
+  int n = g_threads.load();
+  return n > 0 ? n : default_threads();
 }
 
 void set_parallel_min(long work) {
@@ -188,7 +191,7 @@ long parallel_min() {
 }
 
 const char* isa() {
-  return kIsaNames[static_cast<int>(g_isa)];
+  return kIsaNames[static_cast<int>(g_isa.load())];
 }
 
 void set_isa(const std::string& name) {
