@@ -121,6 +121,19 @@ if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v systemd-analyze >/dev
   fi
 fi
 
+# The kernel's NEON tiles (arm64 Linux) are tested here by cross-compiling them and
+# running them under qemu (tests/unit/test_qmm_native.py). Only on x86-64, as root.
+if [[ $dev == 1 && $(uname -s) == Linux && $(uname -m) == x86_64 ]] \
+  && ! command -v qemu-aarch64 >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+      g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null \
+      || echo "install.sh: could not install the arm64 cross tools; the NEON test skips" >&2
+  else
+    echo "install.sh: install g++-aarch64-linux-gnu and qemu-user to test the NEON tiles" >&2
+  fi
+fi
+
 .venv/bin/vllm-mlx --version
 if [[ $service == 1 ]]; then
   .venv/bin/vllm-mlx service install

@@ -41,8 +41,8 @@ float half_to_float(uint16_t h) {
 
 namespace {
 
-enum class Isa { scalar, avx2, avx512 };
-constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
+enum class Isa { scalar, avx2, avx512, neon };
+constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512", "neon"};
 
 // A matmul whose work (output rows x inputs x (rows + 2): unpacking a weight costs about
 // two rows' FMAs) is under this stays on one thread: handing half of it to a sleeping
@@ -70,13 +70,20 @@ bool available(Isa isa) {
   // libgcc's check includes the OS saving the zmm registers (XCR0).
   static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
   return isa == Isa::scalar || (isa == Isa::avx2 && avx2) || (isa == Isa::avx512 && avx512);
+#elif defined(__aarch64__)
+  return isa == Isa::scalar || isa == Isa::neon; // NEON is part of every arm64 CPU
 #else
   return isa == Isa::scalar;
 #endif
 }
 
 Isa best_isa() {
-  return available(Isa::avx512) ? Isa::avx512 : available(Isa::avx2) ? Isa::avx2 : Isa::scalar;
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon}) {
+    if (available(isa)) {
+      return isa;
+    }
+  }
+  return Isa::scalar;
 }
 
 std::atomic<Isa> g_isa{best_isa()};
@@ -159,9 +166,15 @@ void rows_scalar(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end
 }
 
 void rows(Isa isa, const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  // Each set's tiles exist only in builds for its architecture (the other files compile
+  // to nothing), so only those may be named here; available() never picks the others.
   switch (isa) {
+#if defined(__x86_64__)
     case Isa::avx512: rows_avx512(p, xp, n_begin, n_end); break;
     case Isa::avx2: rows_avx2(p, xp, n_begin, n_end); break;
+#elif defined(__aarch64__)
+    case Isa::neon: rows_neon(p, xp, n_begin, n_end); break;
+#endif
     default: rows_scalar(p, xp, n_begin, n_end); break;
   }
 }
@@ -195,7 +208,7 @@ const char* isa() {
 }
 
 void set_isa(const std::string& name) {
-  for (Isa candidate : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+  for (Isa candidate : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon}) {
     if (name == kIsaNames[static_cast<int>(candidate)]) {
       if (!available(candidate)) {
         throw std::invalid_argument("this CPU has no " + name);
@@ -205,7 +218,7 @@ void set_isa(const std::string& name) {
     }
   }
   if (name != "best") {
-    throw std::invalid_argument("isa must be best, avx512, avx2 or scalar, not " + name);
+    throw std::invalid_argument("isa must be best, avx512, avx2, neon or scalar, not " + name);
   }
   g_isa = best_isa();
 }
@@ -216,7 +229,7 @@ void qmm(const QmmProblem& p) {
   thread_local Prepared prepared;
   const Prepared& xp = prepared;
   const Isa isa = g_isa; // one instruction set for the whole call (x's layout is per set)
-  int block = p.bits != 4 ? 0 : isa == Isa::avx512 ? 16 : isa == Isa::avx2 ? 8 : 0;
+  int block = p.bits != 4 || isa == Isa::scalar ? 0 : isa == Isa::avx512 ? 16 : 8;
   prepare(p, block, prepared);
   long work = static_cast<long>(p.N) * p.K * (p.M + 2);
   int n_threads = work < g_parallel_min ? 1 : std::min(threads(), p.N / 16);

@@ -38,7 +38,7 @@ int threads();
 void set_parallel_min(long work);
 long parallel_min();
 
-// The instruction set in use: "avx512", "avx2" or "scalar" (the best the CPU has, unless
+// The instruction set in use: "avx512", "avx2", "neon" or "scalar" (the best the CPU has, unless
 // set_isa chose another: "best" or one of those; std::invalid_argument if the CPU lacks it).
 const char* isa();
 void set_isa(const std::string& name);
