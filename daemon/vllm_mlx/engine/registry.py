@@ -108,7 +108,9 @@ class ModelRegistry:
             for index, model in enumerate(models):
                 old = current.get(model.name)
                 if reuse and old is not None and old.runner is not None and _same_model(old, model):
-                    entries[model.name] = old  # the same entry: its in-flight count holds
+                    # The same entry, so its in-flight count holds; only hot fields differ.
+                    old.settings = model
+                    entries[model.name] = old
                     continue
                 startup = loads_at_startup(list(models), index)
                 if (old is None and not startup) or (old is not None and old.runner is None):
@@ -146,9 +148,6 @@ class ModelRegistry:
             for e in self._entries.values()
             if (runner := e.runner) is not None and id(runner) not in kept
         ]
-        by_name = {m.name: m for m in models}
-        for name, entry in entries.items():
-            entry.settings = by_name[name]  # a kept entry takes its new hot fields
         self._entries = entries
         self.set_aliases(models)
         self.scheduler_config = scheduler_config
