@@ -317,7 +317,7 @@ class Daemon:
         if not failed or self._stopping:
             return
         if not self.registry.ready:
-            log.error("startup failed: no model can be served; exiting", failed=failed)
+            log.error("startup failed: no model could be loaded; exiting", failed=failed)
             self.exit_code = 1
             self._stopping = True
             for listener in self.listeners:

@@ -89,6 +89,21 @@ class ModelRegistry:
         """Aliases hot-reload: swap the whole map at once."""
         self._aliases = {alias: m.name for m in models for alias in m.aliases}
 
+    def load_entry(self, entry: ModelEntry, loader: Loader) -> None:
+        """Load and start one model (blocking: run it off the event loop).
+
+        On failure the entry is FAILED with the error, which is raised again.
+        """
+        try:
+            loaded = loader(entry.settings)
+            engine, embedder = start_engine(loaded, self.scheduler_config)
+            measure(entry, loaded)
+        except Exception as exc:
+            entry.state, entry.error = LoadState.FAILED, str(exc) or type(exc).__name__
+            log.exception("model failed to load", model=entry.settings.name)
+            raise
+        entry.engine, entry.embedder, entry.state = engine, embedder, LoadState.RUNNING
+
     def prepare(
         self,
         models: Sequence[ModelSettings],

@@ -23,8 +23,7 @@ import psutil
 import structlog
 
 from vllm_mlx.config import ModelSettings, Settings
-from vllm_mlx.engine.registry import Loader, LoadState, ModelEntry, ModelRegistry, measure
-from vllm_mlx.engine.registry import start_engine as start_engine
+from vllm_mlx.engine.registry import Loader, LoadState, ModelEntry, ModelRegistry
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.model_metrics import ModelMetrics
 
@@ -245,21 +244,14 @@ class ModelManager:
         self._schedule_idle(entry)
 
     async def _start(self, entry: ModelEntry) -> None:
-        settings = self._settings()
-        config = self.registry.scheduler_config
         started = time.monotonic()
         name = entry.settings.name
         try:
-            loaded = await asyncio.to_thread(self._loader(settings), entry.settings)
-            engine, embedder = await asyncio.to_thread(start_engine, loaded, config)
-            await asyncio.to_thread(measure, entry, loaded)
+            await asyncio.to_thread(self.registry.load_entry, entry, self._loader(self._settings()))
         except Exception as exc:
-            entry.state, entry.error = LoadState.FAILED, str(exc) or type(exc).__name__
-            log.exception("model failed to load", model=name)
             if self.metrics is not None:
                 self.metrics.loaded(name, time.monotonic() - started, ok=False)
             raise ModelLoadError(f"model '{name}' failed to load: {entry.error}") from exc
-        entry.engine, entry.embedder, entry.state = engine, embedder, LoadState.RUNNING
         entry.last_used = time.monotonic()
         seconds = time.monotonic() - started
         if self.metrics is not None:
