@@ -123,7 +123,8 @@ def test_an_on_demand_model_loads_on_its_first_request(daemon: DaemonProcess) ->
 
     after = scrape(daemon, AUTH)
     assert states(daemon)["bravo"] == "running"
-    assert _delta(before, after, "vllm_mlx_model_loads_total", model_name="bravo", outcome="ok") == 1
+    loads = "vllm_mlx_model_loads_total"
+    assert _delta(before, after, loads, model_name="bravo", outcome="ok") == 1
     duration = "vllm_mlx_model_load_duration_seconds_count"
     assert _delta(before, after, duration, model_name="bravo") == 1
     assert value(after, "vllm_mlx_model_memory_bytes", model_name="bravo") > 90 * 2**20
