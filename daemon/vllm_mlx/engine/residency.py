@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,6 +58,36 @@ def release_all(held: LeaseList) -> None:
     while held:
         manager, entry = held.pop()
         manager.release(entry)
+
+
+def in_daemon_thread(function: Callable[..., object], *args: object) -> asyncio.Future[object]:
+    """`function(*args)` on a daemon thread, awaitable.
+
+    Not asyncio.to_thread: a load can take minutes, and the daemon may exit meanwhile
+    (e.g. its port is taken); an executor thread would be waited for at exit and start
+    an engine thread while the interpreter shuts down, which aborts the process.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[object] = loop.create_future()
+
+    def settle(result: object, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = function(*args), None
+        except BaseException as exc:  # handed to the awaiting coroutine
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="model-loader", daemon=True).start()
+    return future
 
 
 class ModelCapacityError(Exception):
@@ -247,7 +278,7 @@ class ModelManager:
         started = time.monotonic()
         name = entry.settings.name
         try:
-            await asyncio.to_thread(self.registry.load_entry, entry, self._loader(self._settings()))
+            await in_daemon_thread(self.registry.load_entry, entry, self._loader(self._settings()))
         except Exception as exc:
             if self.metrics is not None:
                 self.metrics.loaded(name, time.monotonic() - started, ok=False)
