@@ -13,13 +13,13 @@ from litestar import Request, post
 
 from vllm_mlx.api.errors import APIError, model_not_found
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.engine.footprint import footprint
 from vllm_mlx.engine.registry import ModelEntry
 from vllm_mlx.engine.residency import (
     ModelBusyError,
     ModelCapacityError,
     ModelLoadError,
     ModelManager,
-    footprint,
 )
 
 MIB = 2**20

@@ -1,15 +1,22 @@
-"""What a loaded model takes in memory: its weights, and the KV cache per token.
+"""What a loaded model takes in memory: its weights, the KV cache per token, and what
+the budget (engine/residency.py) counts for it.
 
-The budget (engine/residency.py) counts these; the per-token figure is an estimate from
-the model's shape (two tensors per layer, K and V, of kv_heads * head_dim each).
+The per-token figure is an estimate from the model's shape (two tensors per layer, K
+and V, of kv_heads * head_dim each).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+
+if TYPE_CHECKING:
+    from vllm_mlx.config import ModelSettings
+    from vllm_mlx.engine.registry import ModelEntry
+    from vllm_mlx.engine.scheduler import SchedulerConfig
 
 
 def module_bytes(module: Any) -> int:
@@ -56,3 +63,40 @@ def free_memory() -> None:
     gc.collect()
     mx.clear_cache()
     release_free_memory()
+
+
+@dataclass(frozen=True)
+class Footprint:
+    weights: int
+    kv: int
+    prefix_cache_bound: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.prefix_cache_bound
+
+
+def prefix_cache_bound(entry: ModelEntry) -> int:
+    """The most its prefix cache may hold: counted whole, as the cache may fill to it."""
+    engine = entry.engine
+    return int(engine.scheduler.prefix_cache.max_bytes) if engine is not None else 0
+
+
+def planned_prefix_cache_bound(model: ModelSettings, config: SchedulerConfig) -> int:
+    """The same bound for a model not loaded yet, from the config it will start with."""
+    return config.prefix_cache_bytes if model.task == "generate" else 0
+
+
+def footprint(entry: ModelEntry) -> Footprint:
+    if entry.runner is None:
+        return Footprint(0, 0, 0)
+    engine = entry.engine
+    kv = engine.scheduler.kv_tokens * entry.kv_token_bytes if engine is not None else 0
+    return Footprint(entry.weights_bytes, kv, prefix_cache_bound(entry))
+
+
+def is_busy(entry: ModelEntry) -> bool:
+    """Requests hold it, or its engine still has sequences (an aborted one finishing)."""
+    engine = entry.engine
+    working = engine is not None and engine.scheduler.num_running + engine.scheduler.num_waiting
+    return entry.in_flight > 0 or bool(working)

@@ -18,14 +18,13 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import psutil
 import structlog
 
 from vllm_mlx.config import ModelSettings, Settings
+from vllm_mlx.engine.footprint import footprint, free_memory, is_busy, planned_prefix_cache_bound
 from vllm_mlx.engine.registry import Loader, LoadState, ModelEntry, ModelRegistry
-from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.model_metrics import ModelMetrics
 
 log = structlog.get_logger(__name__)
@@ -108,43 +107,6 @@ class ModelLoadError(Exception):
 
 class ModelBusyError(Exception):
     """An explicit unload of a model with requests running."""
-
-
-@dataclass(frozen=True)
-class Footprint:
-    weights: int
-    kv: int
-    prefix_cache_bound: int
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv + self.prefix_cache_bound
-
-
-def prefix_cache_bound(entry: ModelEntry) -> int:
-    """The most its prefix cache may hold: counted whole, as the cache may fill to it."""
-    engine = entry.engine
-    return int(engine.scheduler.prefix_cache.max_bytes) if engine is not None else 0
-
-
-def planned_prefix_cache_bound(model: ModelSettings, config: SchedulerConfig) -> int:
-    """The same bound for a model not loaded yet, from the config it will start with."""
-    return config.prefix_cache_bytes if model.task == "generate" else 0
-
-
-def footprint(entry: ModelEntry) -> Footprint:
-    if entry.runner is None:
-        return Footprint(0, 0, 0)
-    engine = entry.engine
-    kv = engine.scheduler.kv_tokens * entry.kv_token_bytes if engine is not None else 0
-    return Footprint(entry.weights_bytes, kv, prefix_cache_bound(entry))
-
-
-def is_busy(entry: ModelEntry) -> bool:
-    """Requests hold it, or its engine still has sequences (an aborted one finishing)."""
-    engine = entry.engine
-    working = engine is not None and engine.scheduler.num_running + engine.scheduler.num_waiting
-    return entry.in_flight > 0 or bool(working)
 
 
 Estimator = Callable[[ModelSettings], int | None]
@@ -300,7 +262,10 @@ class ModelManager:
         budget = self.budget()
         if budget is None:
             return
-        estimate = await asyncio.to_thread(self._estimate, entry.settings)
+        # Measured at its last load if it had one (cheaper and exact), else from its files.
+        estimate: int | None = entry.weights_bytes
+        if not estimate:
+            estimate = await asyncio.to_thread(self._estimate, entry.settings)
         planned = planned_prefix_cache_bound(entry.settings, self.registry.scheduler_config)
         need = (estimate or 0) + planned
         others = [e for e in self.registry.entries() if e is not entry and e.runner is not None]
@@ -353,12 +318,10 @@ class ModelManager:
     async def _unload(self, entry: ModelEntry, reason: str) -> None:
         """Stop and free (lock held, entry idle). The entry is detached first, so a
         request arriving meanwhile waits for the lock and loads it again."""
-        from vllm_mlx.engine.footprint import free_memory
-
         runner, size = entry.runner, footprint(entry).total
         self._cancel_timer(entry)
+        # weights_bytes stays: the next load's budget check uses it as the estimate.
         entry.engine, entry.embedder, entry.state = None, None, LoadState.NOT_LOADED
-        entry.weights_bytes = 0
         if runner is not None:
             await asyncio.to_thread(runner.stop)
         del runner
