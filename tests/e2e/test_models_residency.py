@@ -203,6 +203,14 @@ def test_503_when_nothing_can_be_evicted_and_a_stream_is_undisturbed(
         body = refused.value.body
         assert isinstance(body, dict) and body["type"] == "error"
         assert "bravo" in body["error"]["message"]
+        responses = httpx.post(
+            f"{daemon.base_url}/v1/responses",
+            headers=AUTH,
+            json={"model": "charlie", "input": "hi", "max_output_tokens": 16},
+            timeout=30,
+        )
+        assert responses.status_code == 503
+        assert responses.json()["error"]["code"] == "model_memory_budget"
 
         # A busy model is never unloaded; an idle one is, under the running stream.
         busy = control(daemon, "bravo", "unload")
