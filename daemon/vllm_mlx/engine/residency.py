@@ -170,8 +170,9 @@ class ModelManager:
                 if hold:
                     self._hold(entry)
                 return
+            # A startup model that failed is retried by an explicit load only.
             if entry.state is LoadState.STOPPED or (
-                entry.state is LoadState.FAILED and entry.startup
+                entry.state is LoadState.FAILED and entry.startup and hold
             ):
                 raise ModelLoadError(entry.error or f"model '{entry.settings.name}' is stopped")
             await self.load(entry)
