@@ -4,7 +4,6 @@ service`."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -220,14 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", nargs="?", help="the file (default: the one serve would use)")
     check.add_argument("--print", action="store_true", help="print the effective merged config")
     check.add_argument("--mcp-config", help="also check this JSON file of MCP servers")
-    models = commands.add_parser(
-        "models", help="list configured models and their local directories"
-    )
-    models.add_argument("--config", help="path to vllm-mlx.yaml")
-    models.add_argument("--json", action="store_true", help="machine-readable output")
-    models.add_argument(
-        "--resolve", action="store_true", help="download/import models that are missing"
-    )
+    from vllm_mlx.models_cli import add_models_parser
+
+    add_models_parser(commands)
     reload = commands.add_parser(
         "reload", help="make the running daemon reload its config, models included (SIGHUP)"
     )
@@ -349,39 +343,23 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if args.print:
         print(yaml.safe_dump(loaded.settings.model_dump(mode="json"), sort_keys=False), end="")
+    memory = loaded.settings.memory
+    if memory.budget_mb is not None or memory.budget_percent is not None:
+        _choose_blas(loaded.settings.engine.blas)  # sizes depend on the dtype served
+        from vllm_mlx.models.footprint import budget_problem
+
+        problem = budget_problem(loaded.settings)
+        if problem is not None:
+            key = "memory.budget_mb" if memory.budget_mb is not None else "memory.budget_percent"
+            print(f"error: {where}: {key}: {problem}", file=sys.stderr)
+            return 1
     print(f"ok: {where}", file=sys.stderr)
-    return 0
-
-
-def cmd_models(args: argparse.Namespace) -> int:
-    loaded = _load(args.config)
-    # The BLAS decides whether float32 is worth it, as in `serve` (`path` below); it must
-    # be chosen before the loader imports mlx.
-    _choose_blas(loaded.settings.engine.blas)
-    from vllm_mlx.models.loader import ModelUnavailableError, describe_models
-
-    try:
-        rows = describe_models(loaded.settings, resolve=args.resolve)
-    except (ModelUnavailableError, ValueError, OSError) as exc:  # not cached, bad import
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        for row in rows:
-            aliases = f" (aliases: {', '.join(row['aliases'])})" if row["aliases"] else ""
-            directory = row["directory"] or "(not downloaded yet)"
-            print(
-                f"{row['name']}{aliases}\n  task: {row['task']}\n  source: {row['source']}\n"
-                f"  directory: {directory}"
-            )
-            if row.get("path"):
-                print(f"  path: {row['path']} ({row['path_reason']})")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from vllm_mlx.models_cli import cmd_models
     from vllm_mlx.service_cli import cmd_service
 
     if args.command != "serve":

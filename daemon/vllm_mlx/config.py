@@ -34,6 +34,7 @@ from vllm_mlx.config_sections import PathsSettings as PathsSettings
 from vllm_mlx.config_sections import ResponsesSettings as ResponsesSettings
 from vllm_mlx.config_sections import ServerSettings as ServerSettings
 from vllm_mlx.mcp.settings import McpSettings
+from vllm_mlx.models.memory_settings import MemorySettings as MemorySettings
 
 ENV_PREFIX = "VLLM_MLX_"
 ENV_NESTED_DELIMITER = "__"
@@ -79,6 +80,9 @@ class Settings(BaseSettings):
     logging: LoggingSettings = setting(LoggingSettings(), Reload.HOT, "Log level and format.")
     paths: PathsSettings = setting(PathsSettings(), Reload.MODEL, "Where files are kept.")
     mcp: McpSettings = setting(McpSettings(), Reload.HOT, "MCP servers whose tools models use.")
+    memory: MemorySettings = setting(
+        MemorySettings(), Reload.HOT, "One memory budget for every loaded model."
+    )
 
     @field_validator("models")
     @classmethod

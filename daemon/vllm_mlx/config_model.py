@@ -9,6 +9,8 @@ from pydantic import field_validator, model_validator
 from vllm_mlx.config_base import LocatedError, Reload, Section, setting
 from vllm_mlx.models.sources import check_source
 
+MAX_KEEP_ALIVE_S = 365 * 24 * 3600  # a year: beyond it, say -1
+
 
 def check_unique_model_ids(models: list[ModelSettings]) -> None:
     """Raise LocatedError at the first name or alias already used by an earlier model."""
@@ -80,6 +82,29 @@ class ModelSettings(Section):
         "format). `vllm-mlx models` shows the path each model takes. See docs/benchmarks.md.",
     )
 
+    load: Literal["startup", "on_demand"] | None = setting(
+        None,
+        Reload.HOT,
+        "When the weights are loaded: `startup` (as the daemon starts) or `on_demand` (by "
+        "the first request for the model, which waits for the load). Default: `startup` "
+        "for the first model, `on_demand` for every other. A change applies at the next "
+        "start; `POST /v1/models/{id}/load` loads one now (docs/models.md).",
+    )
+    keep_alive: float = setting(
+        -1,
+        Reload.HOT,
+        "Seconds a loaded model may sit idle (no request running) before it is unloaded "
+        "to free its memory; `-1`: never; `0`: as soon as its last request ends.",
+        strict=True,
+    )
+    pin: bool = setting(
+        False,
+        Reload.HOT,
+        "Never evict this model to make room for another under `memory.budget_*` "
+        "(keep_alive and an explicit unload still apply).",
+        strict=True,
+    )
+
     enable_auto_tool_choice: bool = setting(
         False,
         Reload.HOT,
@@ -108,6 +133,16 @@ class ModelSettings(Section):
         "each token with a grammar; `off` refuses such requests with a 400 and forced tool "
         "choices fall back to prompting.",
     )
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive_range(cls, value: float) -> float:
+        if value != -1 and not 0 <= value <= MAX_KEEP_ALIVE_S:
+            raise ValueError(
+                f"keep_alive must be -1 (never unload) or between 0 and {MAX_KEEP_ALIVE_S} "
+                f"seconds, not {value}"
+            )
+        return value
 
     @field_validator("source")
     @classmethod
@@ -155,3 +190,9 @@ class ModelSettings(Section):
                 "tool_call_parser (the model's calls must be parsed to reach MCP servers)"
             )
         return self
+
+
+def loads_at_startup(models: list[ModelSettings], index: int) -> bool:
+    """`load` resolved: unset means startup for the first model only."""
+    load = models[index].load
+    return load == "startup" if load is not None else index == 0

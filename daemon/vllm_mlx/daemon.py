@@ -13,11 +13,9 @@ then exits 0; a second one exits at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +33,12 @@ from vllm_mlx.engine.embedding import LoadedEmbeddingModel
 from vllm_mlx.engine.engine import LoadedModel
 from vllm_mlx.engine.heap import keep_large_allocations_returnable
 from vllm_mlx.engine.registry import ModelEntry, ModelRegistry, Stoppable
+from vllm_mlx.engine.residency import ModelManager
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.lifecycle import RequestTracker, remove_pid_file, write_pid_file
 from vllm_mlx.logging import configure_logging
+from vllm_mlx.model_metrics import ModelMetrics
+from vllm_mlx.models.footprint import estimated_bytes
 from vllm_mlx.models.loader import load_model
 from vllm_mlx.reload import Change, Reloader, watch_config
 
@@ -91,6 +92,14 @@ class Daemon:
         settings = loaded.settings
         self.registry = ModelRegistry(settings.models, scheduler_config(settings.engine))
         self.state = ServerState(settings, self.registry, config_path=loaded.path)
+        self.residency = ModelManager(
+            self.registry,
+            lambda: self.state.settings,
+            model_loader,
+            lambda model: estimated_bytes(model, self.settings.resolved_cache_dir()),
+            ModelMetrics(self.state.metrics.registry),
+        )
+        self.state.residency = self.residency
         self.app = create_app(self.state)
         self.tracker = RequestTracker()
         self.reloader = Reloader(
@@ -102,10 +111,11 @@ class Daemon:
         self.config_warnings = loaded.warnings
         self.exit_code = 0
         self.reloader.add_listener(self._apply_mcp)
+        self.reloader.add_listener(self._apply_residency)
         self.listeners: list[Listener] = []
         self.pid_file: Path | None = None
         self._stopping = False
-        self._loader_thread: threading.Thread | None = None
+        self._startup_loads: asyncio.Task[Any] | None = None
         self._retired: list[Stoppable] = []  # engines swapped out, stopped once idle
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -143,6 +153,17 @@ class Daemon:
     def _apply_mcp(self, previous: Settings, current: Settings) -> None:
         if previous.mcp != current.mcp:
             self.state.mcp.apply(current.mcp)
+
+    def _apply_residency(self, previous: Settings, current: Settings) -> None:
+        """keep_alive, pin and the budget apply to the running daemon at once."""
+
+        def residency(s: Settings) -> list[tuple[str, float, bool]]:
+            return [(m.name, m.keep_alive, m.pin) for m in s.models]
+
+        if residency(previous) != residency(current):
+            self.residency.reschedule_all()
+        if previous.memory != current.memory or residency(previous) != residency(current):
+            self._spawn(self.residency.enforce_budget())
 
     # --- signals ---------------------------------------------------------------------
 
@@ -194,6 +215,7 @@ class Daemon:
 
     def _stop_engines(self) -> None:
         """End every generation (aborted) and free the models."""
+        self.residency.close()
         self.registry.stop_all()
         for engine in self._retired:
             engine.stop()
@@ -202,9 +224,9 @@ class Daemon:
     # --- full reload (SIGHUP) --------------------------------------------------------
 
     async def _full_reload(self) -> None:
-        if self._loader_thread is not None:
+        if self._startup_loads is not None:
             # Engines still loading at startup would be written into replaced entries.
-            await asyncio.to_thread(self._loader_thread.join)
+            await asyncio.wait({self._startup_loads})
         await self.reloader.reload_all()
 
     async def _apply_full(self, new: Settings, changes: list[Change]) -> None:
@@ -242,6 +264,9 @@ class Daemon:
     def _swap_engines(self, entries: dict[str, ModelEntry], new: Settings) -> None:
         mark = self.tracker.mark()
         retired = self.registry.swap(entries, new.models, scheduler_config(new.engine))
+        for entry in entries.values():
+            self.residency.add_model(entry.settings.name)
+        self.residency.reschedule_all()
         self._retired.extend(retired)
         log.info("models switched", models=list(entries), retiring=len(retired))
         if retired:
@@ -282,13 +307,12 @@ class Daemon:
 
     # --- startup ---------------------------------------------------------------------
 
-    def _notify_settled(self, loop: asyncio.AbstractEventLoop) -> None:
-        # RuntimeError: the loop is closed, the daemon stopped while models were loading.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._models_settled)
+    async def _load_startup(self) -> None:
+        await self.residency.load_startup()
+        self._models_settled()
 
     def _models_settled(self) -> None:
-        """Once startup loading is over: exit 1 when no model loaded, else serve the rest."""
+        """Once startup loading is over: exit 1 when no model can serve, else serve the rest."""
         failed = {e.settings.name: e.error for e in self.registry.failed()}
         if not failed or self._stopping:
             return
@@ -308,10 +332,7 @@ class Daemon:
         settings = self.settings
         for warning in self.config_warnings:
             log.warning("config file readable by others", detail=warning)
-        loop = asyncio.get_running_loop()
-        self._loader_thread = self.registry.load_in_background(
-            model_loader(settings), lambda: self._notify_settled(loop)
-        )
+        self._startup_loads = self._spawn(self._load_startup())
         self._listen(settings)
         self.state.mcp.apply(settings.mcp)  # servers connect in the background
         self.pid_file = write_pid_file(settings.resolved_cache_dir(), settings.server.port)

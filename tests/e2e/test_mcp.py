@@ -81,7 +81,7 @@ def daemon(
         config = {
             "models": [
                 {"name": "offer", **REPLAY, "mcp_tools": "offer"},
-                {"name": "exec", **REPLAY, "mcp_tools": "execute"},
+                {"name": "exec", **REPLAY, "mcp_tools": "execute", "load": "startup"},
             ],
             "auth": {"api_keys": [KEY]},
             "metrics": {"enabled": True},

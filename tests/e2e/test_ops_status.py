@@ -23,6 +23,12 @@ REQUEST_FIELDS = (
 
 
 def test_idle_status_has_the_seed_fields(shared_daemon: DaemonProcess) -> None:
+    # The embedding model, second in the default config, loads on demand.
+    before = {b["model"]: b for b in status(shared_daemon)["models"]}
+    if before["all-minilm-l6-v2"]["state"] == "not_loaded":  # no earlier test used it
+        assert before["all-minilm-l6-v2"]["residency"]["load"] == "on_demand"
+        url = f"{shared_daemon.base_url}/v1/models/all-minilm-l6-v2/load"
+        assert httpx.post(url, timeout=60).status_code == 200
     document = status(shared_daemon)
     for field in SEED_FIELDS:
         assert field in document, field

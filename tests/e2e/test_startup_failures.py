@@ -46,7 +46,7 @@ def test_the_other_models_serve_and_the_failed_one_is_reported(
     broken = not_a_model(tmp_path)
     models = [
         {"name": "broken", "source": str(broken)},
-        {"name": "good", "source": BUILTIN, "aliases": ["default"]},
+        {"name": "good", "source": BUILTIN, "aliases": ["default"], "load": "startup"},
     ]
     daemon = start_daemon({"models": models}, wait=False)
     daemon.wait_healthy()

@@ -157,9 +157,10 @@ def test_registry_keeps_swaps_and_stops_embedding_engines(model_cache_dir: Path)
     def loader(settings: ModelSettings) -> Any:
         return load_model(settings, model_cache_dir)
 
-    registry.load_all(loader)
     entry = registry.resolve("minilm")
-    assert entry is not None and entry.state is LoadState.RUNNING
+    assert entry is not None
+    registry.load_entry(entry, loader)
+    assert entry.state is LoadState.RUNNING and entry.weights_bytes > 0
     first = entry.embedder
     assert first is not None and entry.engine is None and first.accepting
     # Aliases hot-reload: the running engine is kept.

@@ -99,8 +99,12 @@ def is_json_type(content_type: str | None) -> bool:
     return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
-def content_type_refusal(method: str, headers: Mapping[str, str]) -> APIError | None:
+def content_type_refusal(
+    method: str, headers: Mapping[str, str], path: str = ""
+) -> APIError | None:
     if method not in BODY_METHODS or is_json_type(headers.get("content-type")):
+        return None
+    if _bodyless_control(path, headers):
         return None
     sent = headers.get("content-type")
     return APIError(
@@ -109,6 +113,13 @@ def content_type_refusal(method: str, headers: Mapping[str, str]) -> APIError | 
         "invalid_request",
         code="unsupported_media_type",
     )
+
+
+def _bodyless_control(path: str, headers: Mapping[str, str]) -> bool:
+    """`POST /v1/models/{id}/load|unload` takes no body (`curl -X POST URL` works)."""
+    control = path.startswith("/v1/models/") and path.endswith(("/load", "/unload"))
+    empty = headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers
+    return control and empty
 
 
 def max_body_bytes(settings: Settings) -> int:

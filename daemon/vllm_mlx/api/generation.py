@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from vllm_mlx.api.errors import APIError, bad_request, model_not_found, to_api_error
+from vllm_mlx.api.model_control import acquire
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.engine.engine import Engine
@@ -49,7 +50,8 @@ class Target:
     metrics: Metrics | None = None
 
 
-def resolve_target(state: ServerState, model_id: str) -> Target:
+async def resolve_target(state: ServerState, model_id: str) -> Target:
+    """The model's engine, loaded first when needed, held until the response is over."""
     settings = state.settings
     if state.draining:
         raise APIError(503, "the server is shutting down", "unavailable", code="shutting_down")
@@ -63,10 +65,11 @@ def resolve_target(state: ServerState, model_id: str) -> Target:
             "model",
             "model_not_generative",
         )
+    await acquire(state, entry, model_id)
     if entry.state is not LoadState.RUNNING or entry.engine is None:
-        failed = entry.state is LoadState.FAILED
-        what = f"failed to load: {entry.error}" if failed else f"is {entry.state.value}"
-        raise APIError(503, f"model '{model_id}' {what}", "unavailable", code="model_not_ready")
+        raise APIError(
+            503, f"model '{model_id}' is {entry.state.value}", "unavailable", code="model_not_ready"
+        )
     scheduler = entry.engine.scheduler
     if scheduler.on_step is None:
         # Steps only happen for submitted requests, so hooking here misses none.

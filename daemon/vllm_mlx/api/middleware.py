@@ -25,6 +25,7 @@ from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.limits import RateLimiter, client_id, retry_after_header
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config import Settings
+from vllm_mlx.engine.residency import release_all, request_leases
 
 log = structlog.get_logger("vllm_mlx.requests")
 
@@ -147,7 +148,7 @@ class OpsMiddleware:
             refusal = self._gate(scope, path, headers, settings)
         return (
             refusal
-            or boundary.content_type_refusal(scope["method"], headers)
+            or boundary.content_type_refusal(scope["method"], headers, path)
             or boundary.length_refusal(headers, limit)
         )
 
@@ -192,7 +193,10 @@ class OpsMiddleware:
     async def _run_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app; cancel it if the client disconnects once its body has been read."""
         watch = _DisconnectWatch(receive)
-        task = asyncio.ensure_future(self.app(scope, watch.receive, send))
+        # The task copies the context, so the models its handler acquires land in `held`;
+        # they are released once the response is over, streamed bodies included.
+        with request_leases() as held:
+            task = asyncio.ensure_future(self.app(scope, watch.receive, send))
         gone = asyncio.ensure_future(watch.gone.wait())
         try:
             await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -204,6 +208,7 @@ class OpsMiddleware:
             for pending in (task, gone, watch.watcher):
                 if pending is not None and not pending.done():
                     pending.cancel()
+            release_all(held)
 
 
 def _headers_only(send: Send) -> Send:

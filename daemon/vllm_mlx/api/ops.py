@@ -16,6 +16,7 @@ from litestar import Litestar, Request, Response, get
 from vllm_mlx.api.auth import error_payload
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.middleware import ASGIApp, OpsMiddleware
+from vllm_mlx.api.model_control import residency_block
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.engine.embedding import EmbeddingEngine
 from vllm_mlx.engine.memory import read_memory
@@ -39,10 +40,12 @@ def _state(request: Request[Any, Any, Any]) -> ServerState:
 
 @get("/health", sync_to_thread=False)
 def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    """200 once every model has loaded or failed and one serves, unless draining; else 503.
+    """200 once the startup models have loaded or failed and a model can serve (one
+    running, or one that loads on demand), unless draining; else 503.
 
     A model that failed to load does not hold the others back: "degraded", with its
-    error in `models` (a daemon where none loads exits at startup).
+    error in `models`; `ready` says which are in memory now (a daemon where none can
+    serve exits at startup).
     """
     state = _state(request)
     registry = state.registry
@@ -51,6 +54,7 @@ def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
             "name": e.settings.name,
             "state": e.state.value,
             "task": e.settings.task,
+            "ready": e.state is LoadState.RUNNING,
             **({"error": e.error} if e.error else {}),
         }
         for e in registry.entries()
@@ -92,7 +96,7 @@ def status(request: Request[Any, Any, Any]) -> dict[str, Any]:
 # --- /v1/status ------------------------------------------------------------------------
 
 
-def _model_block(entry: ModelEntry) -> dict[str, Any]:
+def _model_block(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
     block: dict[str, Any] = {
         "model": entry.settings.name,
         "task": entry.settings.task,
@@ -130,6 +134,7 @@ def _model_block(entry: ModelEntry) -> dict[str, Any]:
     block["num_waiting"] = sum(1 for r in requests if r["phase"] == "queued")
     block["cache"] = engine.scheduler.prefix_cache.summary() if engine else dict(NO_CACHE)
     block["requests"] = requests
+    block["residency"] = residency_block(state, entry)
     return block
 
 
@@ -181,13 +186,16 @@ def _overall(state: ServerState, blocks: list[dict[str, Any]]) -> str:
     if state.draining or words == {"stopped"}:
         return "stopped"
     # Models that failed to load are reported in their blocks; the rest serve.
-    return "running" if words - {"failed"} == {"running"} else "not_loaded"
+    return "running" if state.registry.ready else "not_loaded"
 
 
 def status_document(state: ServerState) -> dict[str, Any]:
     """Totals over every model at the top (the seed's fields), one block per model."""
-    blocks = [_model_block(entry) for entry in state.registry.entries()]
-    memory = _memory_block()
+    blocks = [_model_block(state, entry) for entry in state.registry.entries()]
+    memory: dict[str, Any] = _memory_block()
+    budget = state.residency.budget() if state.residency else None
+    memory["budget_mb"] = None if budget is None else round(budget / 2**20, 3)
+    memory["models_mb"] = round(sum(b["residency"]["memory_mb"] for b in blocks), 3)
     document: dict[str, Any] = {
         "status": _overall(state, blocks),
         "model": blocks[0]["model"] if blocks else None,

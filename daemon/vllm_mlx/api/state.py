@@ -10,6 +10,7 @@ from typing import Any
 from vllm_mlx.api.responses.store import ResponseStore
 from vllm_mlx.config import Settings
 from vllm_mlx.engine.registry import ModelRegistry
+from vllm_mlx.engine.residency import ModelManager
 from vllm_mlx.mcp.manager import McpManager
 from vllm_mlx.metrics import Metrics
 
@@ -31,6 +32,8 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)
     # MCP servers; the daemon applies `settings.mcp` to it at start and on every reload.
     mcp: McpManager = field(init=False)
+    # Loads, unloads and the memory budget; the daemon sets it (None in unit tests).
+    residency: ModelManager | None = None
 
     def __post_init__(self) -> None:
         self.mcp = McpManager(self.metrics)

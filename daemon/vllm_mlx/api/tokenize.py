@@ -80,7 +80,7 @@ def _prompt_tokens(tokenizer: Any, body: TokenizeRequest) -> list[int]:
 async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, TokenizeRequest)
     state = server_state(request)
-    target = resolve_target(state, _model_id(state, body.model))
+    target = await resolve_target(state, _model_id(state, body.model))
     tokenizer = target.engine.tokenizer
     if body.messages is not None:
         chat = _chat_request(body)
@@ -102,7 +102,7 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, DetokenizeRequest)
     state = server_state(request)
-    target = resolve_target(state, _model_id(state, body.model))
+    target = await resolve_target(state, _model_id(state, body.model))
     tokenizer = target.engine.tokenizer
     vocab_size = len(tokenizer.get_vocab())
     if any(t < 0 or t >= vocab_size for t in body.tokens):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Protocol
 import structlog
 
 from vllm_mlx.config import ModelSettings, Reload
+from vllm_mlx.config_model import loads_at_startup
 from vllm_mlx.engine.embedding import EmbeddingEngine, LoadedEmbeddingModel
 from vllm_mlx.engine.engine import Engine, LoadedModel
 from vllm_mlx.engine.scheduler import SchedulerConfig
@@ -45,6 +45,13 @@ class ModelEntry:
     created: int = field(default_factory=lambda: int(time.time()))
     # `task: embed` models have an embedding engine instead of a generation engine.
     embedder: EmbeddingEngine | None = None
+    startup: bool = True  # loaded as the daemon starts (`load: startup`)
+    # Residency (engine/residency.py): requests holding the model, when it last served,
+    # and what its weights and each KV token take once loaded.
+    in_flight: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    weights_bytes: int = 0
+    kv_token_bytes: int = 0
 
     @property
     def runner(self) -> Stoppable | None:
@@ -67,7 +74,12 @@ def start_engine(
 
 class ModelRegistry:
     def __init__(self, models: Sequence[ModelSettings], scheduler_config: SchedulerConfig) -> None:
-        self._entries = {m.name: ModelEntry(m) for m in models}
+        self._entries = {
+            m.name: ModelEntry(m, startup=loads_at_startup(list(models), i))
+            for i, m in enumerate(models)
+        }
+        # Set once the startup models have loaded or failed (ModelManager.load_startup).
+        self.started = False
         self._aliases: dict[str, str] = {}
         self.set_aliases(models)
         self.scheduler_config = scheduler_config
@@ -77,32 +89,20 @@ class ModelRegistry:
         """Aliases hot-reload: swap the whole map at once."""
         self._aliases = {alias: m.name for m in models for alias in m.aliases}
 
-    def load_all(self, loader: Loader) -> None:
-        """Load every model in turn (blocking; run it off the event loop)."""
-        for entry in self._entries.values():
-            entry.state = LoadState.LOADING
-            try:
-                engine, embedder = start_engine(loader(entry.settings), self.scheduler_config)
-            except Exception as exc:
-                entry.state, entry.error = LoadState.FAILED, str(exc) or type(exc).__name__
-                log.exception("model failed to load", model=entry.settings.name)
-                continue
-            entry.engine, entry.embedder, entry.state = engine, embedder, LoadState.RUNNING
+    def load_entry(self, entry: ModelEntry, loader: Loader) -> None:
+        """Load and start one model (blocking: run it off the event loop).
 
-    def load_in_background(
-        self, loader: Loader, on_done: Callable[[], None] | None = None
-    ) -> threading.Thread:
-        """Load every model on a thread; `on_done` runs on that thread once all settled."""
-
-        def load() -> None:
-            self.load_all(loader)
-            if on_done is not None:
-                on_done()
-
-        thread = threading.Thread(target=load, name="model-loader")
-        thread.daemon = True
-        thread.start()
-        return thread
+        On failure the entry is FAILED with the error, which is raised again.
+        """
+        try:
+            loaded = loader(entry.settings)
+            engine, embedder = start_engine(loaded, self.scheduler_config)
+            measure(entry, loaded)
+        except Exception as exc:
+            entry.state, entry.error = LoadState.FAILED, str(exc) or type(exc).__name__
+            log.exception("model failed to load", model=entry.settings.name)
+            raise
+        entry.engine, entry.embedder, entry.state = engine, embedder, LoadState.RUNNING
 
     def prepare(
         self,
@@ -120,17 +120,24 @@ class ModelRegistry:
         current = {e.settings.name: e for e in self._entries.values()}
         entries: dict[str, ModelEntry] = {}
         try:
-            for model in models:
+            for index, model in enumerate(models):
                 old = current.get(model.name)
                 if reuse and old is not None and old.runner is not None and _same_model(old, model):
-                    entries[model.name] = ModelEntry(
-                        model, old.state, old.engine, "", old.created, old.embedder
-                    )
+                    # The same entry, so its in-flight count holds; only hot fields differ.
+                    old.settings = model
+                    entries[model.name] = old
                     continue
-                engine, embedder = start_engine(loader(model), scheduler_config)
+                startup = loads_at_startup(list(models), index)
+                if (old is None and not startup) or (old is not None and old.runner is None):
+                    # Not in memory now: an on-demand model stays out until asked for.
+                    entries[model.name] = ModelEntry(model, startup=startup)
+                    continue
+                loaded = loader(model)
+                engine, embedder = start_engine(loaded, scheduler_config)
                 entries[model.name] = ModelEntry(
-                    model, LoadState.RUNNING, engine, embedder=embedder
+                    model, LoadState.RUNNING, engine, embedder=embedder, startup=startup
                 )
+                measure(entries[model.name], loaded)
         except Exception:
             for name, entry in entries.items():
                 runner = entry.runner
@@ -179,17 +186,36 @@ class ModelRegistry:
 
     @property
     def settled(self) -> bool:
-        """No model is still waiting to load or loading."""
-        return all(e.state not in UNSETTLED for e in self._entries.values())
+        """The startup models have loaded or failed (on-demand ones load when asked)."""
+        return self.started
 
     @property
     def ready(self) -> bool:
-        """Every model loaded or failed, and at least one serving."""
-        states = [e.state for e in self._entries.values()]
-        return self.settled and LoadState.RUNNING in states
+        """Settled, and at least one model serving or able to load on demand."""
+        return self.settled and any(can_serve(e) for e in self._entries.values())
 
     def failed(self) -> list[ModelEntry]:
         return [e for e in self._entries.values() if e.state is LoadState.FAILED]
+
+
+def can_serve(entry: ModelEntry) -> bool:
+    """Running, or loadable on demand (a failed on-demand load is retried when asked)."""
+    return entry.state is LoadState.RUNNING or (
+        entry.state in UNSETTLED or (entry.state is LoadState.FAILED and not entry.startup)
+    )
+
+
+def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> None:
+    """Record what the loaded weights take (the budget counts it)."""
+    from vllm_mlx.engine.footprint import kv_bytes_per_token, module_bytes
+
+    if isinstance(loaded, LoadedEmbeddingModel):
+        # The BERT encoder inside the embedder holds the weights.
+        entry.weights_bytes = module_bytes(getattr(loaded.embedder, "model", None))
+        entry.kv_token_bytes = 0
+    else:
+        entry.weights_bytes = module_bytes(loaded.model)
+        entry.kv_token_bytes = kv_bytes_per_token(loaded.model)
 
 
 def _same_model(entry: ModelEntry, model: ModelSettings) -> bool:

@@ -156,7 +156,7 @@ async def _round(
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, MessagesRequest)
     state = server_state(request)
-    target = resolve_target(state, body.model)
+    target = await resolve_target(state, body.model)
     body, mcp_loop = mcp_messages.attach(state.mcp, target, body)  # mcp_tools (per model)
     if mcp_loop is not None and body.stream:
         first = await _round(target, body)
@@ -179,7 +179,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     """Exactly the prompt tokens /v1/messages would charge for the same request."""
     body = await parse_body(request, CountTokensRequest)
     state = server_state(request)
-    target = resolve_target(state, body.model)
+    target = await resolve_target(state, body.model)
     body, _ = mcp_messages.attach(state.mcp, target, body)
     prompt = convert.build_prompt(body)
     tokens = await prompt_tokens(target, convert.prompt_tokens, target.engine.tokenizer, prompt)

@@ -46,7 +46,7 @@ ROUTE = "/v1/chat/completions"
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, ChatCompletionRequest)
     state = server_state(request)
-    target = resolve_target(state, body.model)
+    target = await resolve_target(state, body.model)
     convert.refuse_unsupported(body)
     # mcp_tools (per model): MCP tools join the offer; `execute` runs them here.
     body, mcp_loop = mcp_chat.attach(state.mcp, target, body)

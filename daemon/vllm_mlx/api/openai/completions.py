@@ -103,7 +103,7 @@ async def _echo_text(target: Target, body: CompletionRequest, prompt: list[int],
 @post("/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, CompletionRequest)
-    target = resolve_target(server_state(request), body.model)
+    target = await resolve_target(server_state(request), body.model)
     convert.refuse_unsupported(body)
     count = choices.choice_count(target, body.n, body.best_of)
     limit = target.settings.limits.max_prompts

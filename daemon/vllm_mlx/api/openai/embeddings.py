@@ -21,6 +21,7 @@ from litestar import Request, Response, post
 from vllm_mlx.api.common import parse_body, server_state
 from vllm_mlx.api.errors import APIError, bad_request, model_not_found
 from vllm_mlx.api.generation import new_request_id
+from vllm_mlx.api.model_control import acquire
 from vllm_mlx.api.openai.embedding_schema import (
     MAX_INPUTS,
     EmbeddingItem,
@@ -46,7 +47,7 @@ class EmbeddingTarget:
     settings: ModelSettings
 
 
-def resolve_embedder(state: ServerState, model_id: str) -> EmbeddingTarget:
+async def resolve_embedder(state: ServerState, model_id: str) -> EmbeddingTarget:
     if state.draining:
         raise APIError(503, "the server is shutting down", "unavailable", code="shutting_down")
     entry = state.registry.resolve(model_id)
@@ -61,6 +62,7 @@ def resolve_embedder(state: ServerState, model_id: str) -> EmbeddingTarget:
             "model",
             "model_not_embedding",
         )
+    await acquire(state, entry, model_id)
     if entry.state is not LoadState.RUNNING or entry.embedder is None:
         raise APIError(
             503, f"model '{model_id}' is {entry.state.value}", "unavailable", code="model_not_ready"
@@ -199,7 +201,7 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     started = time.monotonic()
     state = server_state(request)
     body = await parse_body(request, EmbeddingRequest)
-    target = resolve_embedder(state, body.model)
+    target = await resolve_embedder(state, body.model)
     dimensions = output_dimensions(target, body.dimensions)
     # Checking up to 2048 inputs (or a 10 MB array of token ids) and tokenizing them is
     # CPU work: off the event loop.

@@ -14,6 +14,7 @@ from litestar.exceptions import HTTPException
 from vllm_mlx.api.anthropic import convert as anthropic_convert
 from vllm_mlx.api.common import server_state
 from vllm_mlx.api.errors import APIError, model_not_found, to_api_error
+from vllm_mlx.api.model_control import model_action
 from vllm_mlx.api.openai import convert
 from vllm_mlx.api.openai.chat import chat_completions
 from vllm_mlx.api.openai.completions import completions
@@ -78,6 +79,13 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Any:
 def make_openai_router() -> Router:
     return Router(
         path="/v1",
-        route_handlers=[list_models, get_model, chat_completions, completions, embeddings],
+        route_handlers=[
+            list_models,
+            get_model,
+            model_action,
+            chat_completions,
+            completions,
+            embeddings,
+        ],
         exception_handlers={Exception: openai_error_response},
     )

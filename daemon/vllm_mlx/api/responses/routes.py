@@ -72,7 +72,7 @@ def _history(state: ServerState, body: CreateResponseRequest) -> list[dict[str, 
 
 
 async def _prepare(state: ServerState, body: CreateResponseRequest) -> _Turn:
-    target = resolve_target(state, body.model)
+    target = await resolve_target(state, body.model)
     convert.check_unsupported(body)
     items = convert.input_items(body)
     history = _history(state, body)
