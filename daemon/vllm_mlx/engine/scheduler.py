@@ -19,7 +19,7 @@ import structlog
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import greedy_sampler
 
-from vllm_mlx.engine.cache import PrefixCache
+from vllm_mlx.engine.cache import make_prefix_cache
 from vllm_mlx.engine.heap import release_free_memory
 from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
 from vllm_mlx.engine.sampling import (
@@ -96,6 +96,7 @@ class SchedulerConfig:
     prefill_batch_size: int = 16
     prefill_step_size: int = 512
     prefix_cache_bytes: int = 0  # 0 = no prefix cache
+    paged_cache: bool = False  # token-block prefix cache (engine/paged_cache.py)
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Scheduler:
         self._model = model
         self.vocab_size = vocab_size if vocab_size is not None else _vocab_size(model)
         self._forced = forced_tokens
-        self.prefix_cache = PrefixCache(config.prefix_cache_bytes)
+        self.prefix_cache = make_prefix_cache(model, config.prefix_cache_bytes, config.paged_cache)
         self._eos = eos_token_ids
         self._config = config
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
