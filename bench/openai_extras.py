@@ -102,7 +102,7 @@ async def decode(base_url: str, model: str) -> dict[bool, list[float]]:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="vllm-mlx-openai-"))
-    spec = vllm_mlx_spec(work, model_directory(), "vllm-mlx", {"prefix_cache_mb": 0})
+    spec = vllm_mlx_spec(work, model_directory(), "vllm-mlx", {"cache_memory_mb": 0})
     with running(spec, work / "daemon.log") as server:
         firsts = asyncio.run(ttft(server.base_url, server.model_id))
         rates = asyncio.run(decode(server.base_url, server.model_id))

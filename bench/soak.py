@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         driven = asyncio.run(_drive(url, pid, args))
         idle_again = _wait_idle(url)
         end = _sample(url, pid, time.monotonic())
-    cache_mb = EngineSettings().prefix_cache_mb
+    cache_mb = EngineSettings().prefix_cache_bytes(psutil.virtual_memory().total) / 2**20
     bound_mb = (idle.rss_mb + cache_mb) * 1.25
     counts: Counts = driven["counts"]
     peak_mb = max(s.rss_mb for s in driven["samples"])

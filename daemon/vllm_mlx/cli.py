@@ -46,6 +46,9 @@ FLAG_KEYS = (
     ("limits.max_request_tokens", "max_request_tokens"),
     ("engine.stream_interval", "stream_interval"),
     ("engine.continuous_batching", "continuous_batching"),
+    ("engine.cache_memory_mb", "cache_memory_mb"),
+    ("engine.cache_memory_percent", "cache_memory_percent"),
+    ("engine.use_paged_cache", "use_paged_cache"),
     ("auth.api_keys", "api_key"),
     ("auth.rate_limit", "rate_limit"),
     ("metrics.enabled", "enable_metrics"),
@@ -60,6 +63,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             section, key = key_path.split(".")
             result.setdefault(section, {})[key] = value
+    _one_cache_bound(args, result)
     if args.mcp_config:
         mcp_file = os.path.abspath(Path(args.mcp_config).expanduser())
         result.setdefault("mcp", {})["config_file"] = mcp_file
@@ -71,6 +75,15 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         model = {"name": name, "source": args.model, "aliases": aliases}
         result["models"] = [{**model, **_model_flags(args)}]
     return result
+
+
+def _one_cache_bound(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """A cache bound flag replaces whichever bound the file sets (one may be set)."""
+    keys = ("cache_memory_mb", "cache_memory_percent", "prefix_cache_mb")
+    if args.cache_memory_mb is not None or args.cache_memory_percent is not None:
+        engine = result.setdefault("engine", {})
+        for key in keys:
+            engine.setdefault(key, None)
 
 
 def _model_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -200,6 +213,16 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mcp-config",
         help="JSON file of MCP servers (the seed's shape or `mcpServers`); see docs/mcp.md",
+    )
+    parser.add_argument("--cache-memory-mb", type=int, help="prefix cache bound per model, MiB")
+    parser.add_argument(
+        "--cache-memory-percent", type=float, help="the same bound as a fraction of RAM (0.05)"
+    )
+    parser.add_argument(
+        "--use-paged-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prefix cache in shared token blocks (default: on; docs/caching.md)",
     )
     parser.add_argument(
         "--continuous-batching",

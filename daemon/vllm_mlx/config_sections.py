@@ -6,9 +6,12 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
-from vllm_mlx.config_base import Reload, Section, setting
+from vllm_mlx.config_base import LocatedError, Reload, Section, setting
+
+# The prefix cache bound per model when none is set (measured in docs/benchmarks.md).
+DEFAULT_CACHE_MB = 512
 
 
 class ServerSettings(Section):
@@ -97,12 +100,39 @@ class EngineSettings(Section):
     stream_interval: int = setting(
         1, Reload.HOT, "Tokens gathered before a streamed chunk is sent.", ge=1, le=1024
     )
-    prefix_cache_mb: int = setting(
-        512,
+    cache_memory_mb: int | None = setting(
+        None,
         Reload.MODEL,
-        "Memory for the prefix cache, per model: KV caches of finished requests are kept "
-        "(least recently used first out) so a prompt that shares a prefix with an earlier "
-        "one (a system prompt, a conversation so far) skips that part of prefill. 0 = off.",
+        "Most memory each model's prefix cache may hold, in MiB: a hard bound on the "
+        "bytes of the cached KV arrays (least recently used out first, before a store; an "
+        "entry larger than the bound is not kept). The cache lets a prompt that shares a "
+        "prefix with an earlier one (a system prompt, a conversation so far) skip that "
+        "part of prefill; see docs/caching.md. 0 = off. null: `cache_memory_percent` "
+        "when set, else 512.",
+        ge=0,
+    )
+    cache_memory_percent: float | None = setting(
+        None,
+        Reload.MODEL,
+        "The same per-model bound as a fraction of the machine's RAM (0.05 = 5 percent); "
+        "set at most one of this and `cache_memory_mb`. null: not used.",
+        gt=0,
+        le=1,
+    )
+    use_paged_cache: bool = setting(
+        True,
+        Reload.MODEL,
+        "Keep the prefix cache as shared 32-token blocks: prompts that extend one system "
+        "prompt hold a single copy of its KV, and a prompt that diverges mid-way still "
+        "reuses its whole leading blocks. false: one entry per finished prompt. Models "
+        "whose KV cache cannot be sliced (sliding window, state space) always use the "
+        "latter.",
+    )
+    prefix_cache_mb: int | None = setting(
+        None,
+        Reload.MODEL,
+        "Deprecated: the former name of `cache_memory_mb`, still honoured when that is "
+        "not set. null: not used.",
         ge=0,
     )
     embedding_batch_size: int = setting(
@@ -127,6 +157,28 @@ class EngineSettings(Section):
         "wheel's own, or a path to a CBLAS/LAPACK shared library. Ignored on macOS.",
         min_length=1,
     )
+
+    @model_validator(mode="after")
+    def _one_cache_bound(self) -> EngineSettings:
+        given = [
+            key
+            for key in ("cache_memory_mb", "cache_memory_percent", "prefix_cache_mb")
+            if getattr(self, key) is not None
+        ]
+        if len(given) > 1:
+            raise LocatedError(
+                f"set one prefix cache bound, not {' and '.join(given)} "
+                "(prefix_cache_mb is the deprecated name of cache_memory_mb)",
+                (given[-1],),
+            )
+        return self
+
+    def prefix_cache_bytes(self, total_ram: int) -> int:
+        """Each model's prefix cache bound in bytes (see `cache_memory_mb`)."""
+        if self.cache_memory_percent is not None:
+            return int(self.cache_memory_percent * total_ram)
+        mb = self.cache_memory_mb if self.cache_memory_mb is not None else self.prefix_cache_mb
+        return (DEFAULT_CACHE_MB if mb is None else mb) * 2**20
 
     @field_validator("blas")
     @classmethod

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import structlog
 from granian.constants import Interfaces
 from granian.server.embed import Server
@@ -50,12 +51,17 @@ ABORT_GRACE_S = 5.0
 
 
 def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
-    cache_bytes = engine.prefix_cache_mb * 2**20
+    cache_bytes = engine.prefix_cache_bytes(psutil.virtual_memory().total)
+    paged = engine.use_paged_cache
     if not engine.continuous_batching:
         # Simple mode: one sequence at a time; the rest wait in the generator's queue.
-        return SchedulerConfig(1, 1, engine.prefill_step_size, cache_bytes)
+        return SchedulerConfig(1, 1, engine.prefill_step_size, cache_bytes, paged)
     return SchedulerConfig(
-        engine.max_batch_size, engine.prefill_batch_size, engine.prefill_step_size, cache_bytes
+        engine.max_batch_size,
+        engine.prefill_batch_size,
+        engine.prefill_step_size,
+        cache_bytes,
+        paged,
     )
 
 
