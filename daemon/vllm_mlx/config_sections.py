@@ -122,7 +122,7 @@ class EngineSettings(Section):
     use_paged_cache: bool = setting(
         True,
         Reload.MODEL,
-        "Keep the prefix cache as shared 32-token blocks: prompts that extend one system "
+        "Keep the prefix cache as shared 16-token blocks: prompts that extend one system "
         "prompt hold a single copy of its KV, and a prompt that diverges mid-way still "
         "reuses its whole leading blocks. false: one entry per finished prompt. Models "
         "whose KV cache cannot be sliced (sliding window, state space) always use the "

@@ -134,6 +134,11 @@ def test_counters_and_histograms_move_with_requests(
     assert (
         _delta(before, after, "vllm:iteration_tokens_total_sum", **m) == prompt - cached + generated
     )
+    hits = _delta(before, after, "vllm_mlx_prefix_cache_hits_total", **m)
+    assert hits + _delta(before, after, "vllm_mlx_prefix_cache_misses_total", **m) == served
+    assert hits > 0
+    held = value(after, "vllm_mlx_prefix_cache_bytes", **m)
+    assert 0 < held <= value(after, "vllm_mlx_prefix_cache_max_bytes", **m) == 512 * 2**20
     finished = _delta(before, after, "vllm:request_success_total", finished_reason="length", **m)
     finished += _delta(before, after, "vllm:request_success_total", finished_reason="stop", **m)
     assert finished == served

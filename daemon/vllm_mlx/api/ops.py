@@ -18,6 +18,7 @@ from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.middleware import ASGIApp, OpsMiddleware
 from vllm_mlx.api.model_control import residency_block
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.cache_metrics import CacheSample, PrefixCacheCollector
 from vllm_mlx.engine.embedding import EmbeddingEngine
 from vllm_mlx.engine.memory import read_memory
 from vllm_mlx.engine.registry import LoadState, ModelEntry
@@ -245,11 +246,38 @@ def live_sample(state: ServerState) -> tuple[list[ModelSample], MemorySample]:
     return samples, MemorySample(m.active_bytes, m.peak_bytes, m.cache_bytes, m.rss_bytes)
 
 
+def cache_samples(state: ServerState) -> list[CacheSample]:
+    """Each generation model's prefix cache counters, for /metrics."""
+    samples = []
+    for entry in state.registry.entries():
+        if entry.settings.task != "generate":
+            continue
+        if entry.engine is None:
+            samples.append(CacheSample(entry.settings.name))
+            continue
+        cache = entry.engine.scheduler.prefix_cache
+        stats = cache.stats
+        samples.append(
+            CacheSample(
+                entry.settings.name,
+                hits=stats.hits,
+                misses=stats.misses,
+                evictions=stats.evictions,
+                rejected=stats.rejected,
+                entries=cache.entries,
+                nbytes=cache.nbytes,
+                max_bytes=cache.max_bytes,
+            )
+        )
+    return samples
+
+
 def install_ops(app: Litestar, state: ServerState) -> None:
     """Put the ops ASGI layer in front of the router and feed /metrics its live gauges."""
     for model in state.settings.models:
         state.metrics.add_model(model.name)
     state.metrics.watch(lambda: live_sample(state))
+    state.metrics.registry.register(PrefixCacheCollector(lambda: cache_samples(state)))
     known = {route.path for route in app.routes}
     # Litestar wraps asgi_handler the same way for its own CORS middleware; ours runs
     # before routing too, so refusals and unknown paths are counted and shaped.
