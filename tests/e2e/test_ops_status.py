@@ -38,7 +38,7 @@ def test_idle_status_has_the_seed_fields(shared_daemon: DaemonProcess) -> None:
     assert document["memory"]["active_gb"] > 0
     assert document["memory"]["peak_gb"] >= document["memory"]["active_gb"]
     # The prefix cache is on by default and empty before the first request.
-    assert document["cache"] == {"type": "prefix", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
+    assert document["cache"] == {"type": "paged", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
     # The default config also serves the bundled embedding model.
     block, embedding = document["models"]
     assert block["model"] == MODEL and block["status"] == "running"

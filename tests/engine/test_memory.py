@@ -32,12 +32,17 @@ def _active_after_gc() -> int:
     return int(mx.get_active_memory())
 
 
-def test_finished_requests_hold_no_more_than_the_cache_bound(loaded: LoadedModel) -> None:
+@pytest.mark.parametrize("paged", [False, True], ids=["whole-prompt", "paged"])
+def test_finished_requests_hold_no_more_than_the_cache_bound(
+    loaded: LoadedModel, paged: bool
+) -> None:
     """Before the fix, each cache entry held a whole batch's KV buffers alive: 32 streams
-    for 5 minutes grew the daemon to 15.8 GiB with the cache at '220 MB'."""
+    for 5 minutes grew the daemon to 15.8 GiB with the cache at '220 MB'. Paged blocks
+    must own their buffers too (a view of a finished batch would keep it alive)."""
     mx.eval(loaded.model.parameters())
     before = _active_after_gc()
-    engine = Engine(loaded, SchedulerConfig(max_batch_size=8, prefix_cache_bytes=CACHE_BOUND))
+    config = SchedulerConfig(max_batch_size=8, prefix_cache_bytes=CACHE_BOUND, paged_cache=paged)
+    engine = Engine(loaded, config)
     engine.start()
     system = "You are a careful assistant who answers briefly. " * 8
 

@@ -101,7 +101,7 @@ def test_a_soak_of_distinct_long_prompts_never_exceeds_the_bound(
     cache.store = checked_store  # type: ignore[method-assign,assignment]
     prompts = [
         tokens(engine, f"Question {i}: name {i % 7 + 2} rivers of country number {i}.", SYSTEM[i:])
-        for i in range(8)
+        for i in range(5)
     ] + [tokens(engine, "Summarise the above.", SYSTEM * 4)]
 
     async def wave(start: int) -> None:

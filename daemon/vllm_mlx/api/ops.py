@@ -159,7 +159,8 @@ def _total_cache(caches: list[dict[str, Any]]) -> dict[str, Any]:
     queries = sum(c.get("queries", 0) for c in caches)
     hits = sum(c.get("hits", 0) for c in caches)
     return {
-        "type": "prefix" if any(c["type"] == "prefix" for c in caches) else "none",
+        # "paged" or "prefix": the kind of the first model that has a cache.
+        "type": next((c["type"] for c in caches if c["type"] != "none"), "none"),
         "entries": sum(c["entries"] for c in caches),
         "hit_rate": round(hits / queries, 4) if queries else 0.0,
         "memory_mb": round(sum(c["memory_mb"] for c in caches), 3),
