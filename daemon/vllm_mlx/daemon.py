@@ -338,6 +338,8 @@ class Daemon:
         settings = self.settings
         for warning in self.config_warnings:
             log.warning("config file readable by others", detail=warning)
+        if settings.engine.prefix_cache_mb is not None:
+            log.warning("engine.prefix_cache_mb is deprecated: rename it engine.cache_memory_mb")
         self._startup_loads = self._spawn(self._load_startup())
         self._listen(settings)
         self.state.mcp.apply(settings.mcp)  # servers connect in the background
