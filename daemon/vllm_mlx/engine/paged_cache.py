@@ -3,9 +3,10 @@
 Block i of a prompt is keyed by a hash chain: its key digests block i-1's key and its
 own token ids, so one key names the whole prefix up to that block's end, and two prompts
 that agree on their first N tokens map those N // BLOCK_TOKENS blocks to the same keys.
-A shared system prompt is therefore held once however many prompts extend it, and a
-prompt that diverges from a cached one mid-way still reuses every whole block before
-the divergence (the partial block is recomputed).
+A shared system prompt is therefore held once however many prompts extend it. A lookup
+walks the prompt's chain, then takes the leading tokens it shares with one cached child
+of the last block found, so hits are exact to the token: a prompt that diverges from a
+cached one mid-block reuses everything before the divergence.
 
 Each block owns its arrays (keys and values of every layer, stacked: one new buffer per
 block, never a view into a finished batch's KV), so the bytes counted are the bytes
@@ -39,6 +40,8 @@ class _Block:
     keys: mx.array  # (layers, 1, kv_heads, BLOCK_TOKENS, head_dim)
     values: mx.array
     nbytes: int
+    parent: bytes  # the previous block's key; b"" for a prompt's first block
+    tokens: tuple[int, ...]  # this block's token ids
 
 
 def block_keys(tokens: Sequence[int], count: int, size: int = BLOCK_TOKENS) -> list[bytes]:
@@ -70,6 +73,7 @@ class PagedPrefixCache(PrefixCache):
         super().__init__(max_bytes)
         self.block_tokens = block_tokens
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()  # least recent first
+        self._children: dict[bytes, set[bytes]] = {}  # parent key -> its cached blocks
         self._nbytes = 0
 
     @property
@@ -103,18 +107,39 @@ class PagedPrefixCache(PrefixCache):
         usable = (len(tokens) - 1) // self.block_tokens
         keys = block_keys(tokens, usable, self.block_tokens)
         found = keys[: self._present(keys)]
-        if found:
-            self._touch(found)
-            cached = len(found) * self.block_tokens
-            hit = PrefixHit(self._assemble(found, cached), cached, tokens[cached:])
+        whole = len(found) * self.block_tokens
+        # The next block may still share its first tokens with the prompt: take those too,
+        # so a repeat reuses exactly the KV its first run computed (seeded sampling then
+        # reproduces), and a divergent prompt reuses up to the very token it diverges at.
+        after = tokens[whole : min(whole + self.block_tokens, len(tokens) - 1)]
+        partial, extra = self._partial(found[-1] if found else b"", after)
+        if found or partial is not None:
+            chain = found + ([partial] if partial is not None else [])
+            self._touch(chain)
+            cached = whole + extra
+            hit = PrefixHit(self._assemble(chain, cached), cached, tokens[cached:])
         self._count(tokens, hit.cached)
         return hit
 
+    def _partial(self, parent: bytes, wanted: list[int]) -> tuple[bytes | None, int]:
+        """The child of `parent` sharing the most leading tokens with `wanted`, and how many."""
+        best: tuple[bytes | None, int] = (None, 0)
+        for key in self._children.get(parent, ()):
+            shared = 0
+            for ours, theirs in zip(self._blocks[key].tokens, wanted, strict=False):
+                if ours != theirs:
+                    break
+                shared += 1
+            if shared > best[1]:
+                best = (key, shared)
+        return best
+
     def _assemble(self, keys: list[bytes], length: int) -> list[Any]:
-        """A fresh per-layer KV cache of the blocks' tokens (the request owns it)."""
+        """A fresh per-layer KV cache of the first `length` tokens of the blocks (the
+        request owns it)."""
         blocks = [self._blocks[key] for key in keys]
-        all_keys = mx.concatenate([block.keys for block in blocks], axis=3)
-        all_values = mx.concatenate([block.values for block in blocks], axis=3)
+        all_keys = mx.concatenate([block.keys for block in blocks], axis=3)[..., :length, :]
+        all_values = mx.concatenate([block.values for block in blocks], axis=3)[..., :length, :]
         mx.eval(all_keys, all_values)
         caches: list[Any] = []
         for layer in range(all_keys.shape[0]):
@@ -139,12 +164,16 @@ class PagedPrefixCache(PrefixCache):
         new = self._fitting(keys[:present], keys[present:], self._block_bytes(cache))
         if not new:
             return
-        blocks = [self._slice(cache, (present + i) * size) for i in range(len(new))]
+        blocks = [
+            self._slice(cache, tokens, keys[present + i - 1] if present + i else b"", present + i)
+            for i in range(len(new))
+        ]
         # Sizes are known before evaluation: evict first, so the bound holds throughout.
         self._evict(sum(block.nbytes for block in blocks))
         mx.eval([(block.keys, block.values) for block in blocks])
         for key, block in reversed(list(zip(new, blocks, strict=True))):
             self._blocks[key] = block
+            self._children.setdefault(block.parent, set()).add(key)
             self._nbytes += block.nbytes
         self._touch(keys[:present])
 
@@ -163,16 +192,23 @@ class PagedPrefixCache(PrefixCache):
             self.stats.rejected += 1
         return new[:fit]
 
-    def _slice(self, cache: list[Any], start: int) -> _Block:
+    def _slice(self, cache: list[Any], tokens: Sequence[int], parent: bytes, index: int) -> _Block:
+        start = index * self.block_tokens
         end = start + self.block_tokens
         # mx.stack writes a new buffer: the block never keeps the source batch alive.
         keys = mx.stack([layer.keys[..., start:end, :] for layer in cache])
         values = mx.stack([layer.values[..., start:end, :] for layer in cache])
-        return _Block(keys, values, int(keys.nbytes + values.nbytes))
+        size = int(keys.nbytes + values.nbytes)
+        return _Block(keys, values, size, parent, tuple(tokens[start:end]))
 
     def _evict(self, needed: int) -> None:
         """Drop least recently used blocks until `needed` more bytes fit the bound."""
         while self._blocks and self._nbytes + needed > self.max_bytes:
-            _, block = self._blocks.popitem(last=False)
+            key, block = self._blocks.popitem(last=False)
+            siblings = self._children.get(block.parent)
+            if siblings is not None:
+                siblings.discard(key)
+                if not siblings:
+                    del self._children[block.parent]
             self._nbytes -= block.nbytes
             self.stats.evictions += 1
