@@ -123,10 +123,9 @@ class EngineSettings(Section):
         True,
         Reload.MODEL,
         "Keep the prefix cache as shared 16-token blocks: prompts that extend one system "
-        "prompt hold a single copy of its KV, and a prompt that diverges mid-way still "
-        "reuses its whole leading blocks. false: one entry per finished prompt. Models "
-        "whose KV cache cannot be sliced (sliding window, state space) always use the "
-        "latter.",
+        "prompt hold a single copy of its KV; hits are exact to the token. false: one "
+        "entry per finished prompt. Models whose KV cache cannot be sliced (sliding "
+        "window, state space) always use the latter.",
     )
     prefix_cache_mb: int | None = setting(
         None,
