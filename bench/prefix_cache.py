@@ -1,6 +1,7 @@
 """Prefix caches side by side: paged (16-token blocks), whole-prompt, and off.
 
-    python bench/prefix_cache.py          # ~5-10 minutes on 2 shared cores
+    python bench/prefix_cache.py          # ~15 minutes on 2 busy cores
+    python bench/prefix_cache.py --no-off # paged vs whole-prompt only (~5 minutes)
 
 Three daemons run the same weights and BLAS with the default 512 MB bound; each case
 runs on all three, in a rotating order so that load drift does not favour one. Cases:
@@ -13,6 +14,7 @@ Results are printed as a markdown table, with the machine's load before and afte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -58,19 +60,16 @@ def _row(spec: PeerSpec, case: tuple[str, int, int]) -> str:
 
 
 def main() -> int:
+    kinds = KINDS[:2] if "--no-off" in sys.argv[1:] else KINDS
     work = Path(tempfile.mkdtemp(prefix="vllm-mlx-prefix-"))
     model_dir = model_directory()
-    specs = [vllm_mlx_spec(work, model_dir, label, engine) for label, engine in KINDS]
+    specs = [vllm_mlx_spec(work, model_dir, label, engine) for label, engine in kinds]
     print(f"load before: {os.getloadavg()}")
     print("| prompts | concurrency | cache | TTFT p50 s | TTFT p90 s | aggregate tok/s "
           "| cache MB after | entries | hit rate | errors |")  # fmt: skip
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    with (
-        running(specs[0], work / "paged.log") as paged,
-        running(specs[1], work / "whole.log") as whole,
-        running(specs[2], work / "off.log") as off,
-    ):
-        servers = [paged, whole, off]
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(running(s, work / f"{s.port}.log")) for s in specs]
         for index, case in enumerate(CASES):
             shift = index % len(servers)
             for spec in servers[shift:] + servers[:shift]:
