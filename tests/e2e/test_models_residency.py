@@ -50,7 +50,7 @@ def daemon(
             {"name": "charlie", "source": BUILTIN},
             {"name": "delta", "source": BUILTIN, "keep_alive": 1},
         ],
-        "engine": {"prefix_cache_mb": 8},
+        "engine": {"cache_memory_mb": 8},
         "memory": {"budget_mb": BUDGET_MB},
         "auth": {"api_keys": [KEY]},
         "metrics": {"enabled": True},
