@@ -62,6 +62,18 @@ double check(std::mt19937& rng, int M, int N, int K, int bits, int gs, ScaleType
                wide ? static_cast<const void*>(b.data()) : b16.data(), y.data(), M, N, K,
                gs, bits, st};
   qmm(p);
+  // Batch invariance: each row computed alone must give the same bits as in the batch.
+  for (int m = 0; m < M; ++m) {
+    std::vector<float> alone(N);
+    QmmProblem one = p;
+    one.x = x.data() + static_cast<size_t>(m) * K;
+    one.y = alone.data();
+    one.M = 1;
+    qmm(one);
+    if (std::memcmp(alone.data(), y.data() + static_cast<size_t>(m) * N, 4 * N) != 0) {
+      return 1.0; // reported as a failure by the caller
+    }
+  }
   double worst = 0.0;
   uint32_t mask = (1u << bits) - 1;
   for (int m = 0; m < M; ++m) {

@@ -123,6 +123,23 @@ def test_instruction_sets_agree_with_each_other(threads: None) -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, isa: str, threads: None) -> None:
+    """Batch invariance: a sequence decoded alone, beside others, or re-fed after a
+    prefix-cache hit must see identical logits, or seeded sampling stops reproducing."""
+    ext = qmm._import()
+    ext.set_isa(isa)
+    w = mx.random.normal((37, 256), key=mx.random.key(11))
+    wq, scales, biases = mx.quantize(w, group_size=64, bits=bits)
+    x = mx.random.normal((13, 256), key=mx.random.key(12))  # tiles of 8, 4 and 1 rows
+    batch = ext.quantized_matmul(x, wq, scales, biases, 64, bits)
+    for row in range(13):
+        alone = ext.quantized_matmul(x[row : row + 1], wq, scales, biases, 64, bits)
+        assert mx.array_equal(alone[0], batch[row]).item(), row
+
+
+@needs_kernel
 def test_a_large_product_is_split_and_many_calls_reuse_the_pool(threads: None) -> None:
     """Above the split threshold both threads take chunks; repeated calls (the pool's
     wake-ups and sleeps) keep giving the same answer."""

@@ -26,7 +26,15 @@ SOURCES = [
 
 
 def _build(compiler: str, out: Path, *flags: str) -> Path:
-    command = [compiler, "-O2", "-std=c++20", "-pthread", f"-I{KERNELS}", *flags]
+    command = [
+        compiler,
+        "-O2",
+        "-ffp-contract=off",
+        "-std=c++20",
+        "-pthread",
+        f"-I{KERNELS}",
+        *flags,
+    ]
     done = subprocess.run(
         [*command, *map(str, SOURCES), "-o", str(out)], capture_output=True, text=True
     )
