@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 # Re-exported: the rest of the code imports every settings type from here.
@@ -33,6 +33,8 @@ from vllm_mlx.config_sections import MetricsSettings as MetricsSettings
 from vllm_mlx.config_sections import PathsSettings as PathsSettings
 from vllm_mlx.config_sections import ResponsesSettings as ResponsesSettings
 from vllm_mlx.config_sections import ServerSettings as ServerSettings
+from vllm_mlx.distributed.settings import DistributedSettings as DistributedSettings
+from vllm_mlx.distributed.settings import check_distributed_models
 from vllm_mlx.mcp.settings import McpSettings
 from vllm_mlx.models.memory_settings import MemorySettings as MemorySettings
 
@@ -83,12 +85,20 @@ class Settings(BaseSettings):
     memory: MemorySettings = setting(
         MemorySettings(), Reload.HOT, "One memory budget for every loaded model."
     )
+    distributed: DistributedSettings = setting(
+        DistributedSettings(), Reload.RESTART, "One model across several processes or Macs."
+    )
 
     @field_validator("models")
     @classmethod
     def _unique_model_ids(cls, models: list[ModelSettings]) -> list[ModelSettings]:
         check_unique_model_ids(models)
         return models
+
+    @model_validator(mode="after")
+    def _distributed_models(self) -> Settings:
+        check_distributed_models(self.distributed, self.models)
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,1 @@
+"""One model across several processes: MLX distributed group, lockstep scheduling."""
