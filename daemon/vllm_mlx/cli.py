@@ -325,6 +325,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _fail(_name_flags(exc))
     source = _config_source(args.config, loaded)
     _choose_blas(loaded.settings.engine.blas)
+    distributed = loaded.settings.distributed.enabled
+    if distributed:  # the parent runs the group; a follower rank follows; rank 0 serves
+        from vllm_mlx.distributed.launcher import enter_group, leave_group
+
+        code = enter_group(loaded.settings)
+        if code is not None:
+            return code
 
     def reload_config() -> Settings:
         # Exactly what serve did: the same file, environment and flags.
@@ -334,7 +341,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vllm_mlx.daemon import run
 
-    return run(loaded, reload_config, source)
+    code = run(loaded, reload_config, source)
+    return leave_group(code) if distributed else code
 
 
 def cmd_reload(args: argparse.Namespace) -> int:

@@ -30,6 +30,8 @@ from vllm_mlx.api.state import ServerState
 from vllm_mlx.app import create_app
 from vllm_mlx.config import EngineSettings, ModelSettings, Reload, Settings
 from vllm_mlx.configfile import LoadedConfig
+from vllm_mlx.distributed.launcher import current_rank
+from vllm_mlx.distributed.status import current as group_status
 from vllm_mlx.engine.embedding import LoadedEmbeddingModel
 from vllm_mlx.engine.engine import LoadedModel
 from vllm_mlx.engine.heap import keep_large_allocations_returnable
@@ -83,7 +85,9 @@ def model_loader(
     settings: Settings,
 ) -> Callable[[ModelSettings], LoadedModel | LoadedEmbeddingModel]:
     cache_dir = settings.resolved_cache_dir()
-    return lambda model: load_model(model, cache_dir, settings.engine)
+    base = lambda model: load_model(model, cache_dir, settings.engine)  # noqa: E731
+    rank = current_rank()  # rank 0 of a distributed group shards its model
+    return base if rank is None else rank.loader(base)
 
 
 class Daemon:
@@ -106,6 +110,9 @@ class Daemon:
             ModelMetrics(self.state.metrics.registry),
         )
         self.state.residency = self.residency
+        self.state.distributed = group_status()
+        if self.state.distributed is not None:
+            self.state.metrics.watch_group(self.state.distributed.metric_rows)
         self.app = create_app(self.state)
         self.tracker = RequestTracker()
         self.reloader = Reloader(

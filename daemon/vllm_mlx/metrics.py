@@ -143,6 +143,34 @@ class _LiveCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=float(number))
 
 
+# A distributed group's ranks at scrape time: (rank, host, mean step seconds, mean
+# exchange seconds per step, weight bytes) each, and whether the group is up.
+GroupSource = Callable[[], tuple[list[tuple[int, str, float, float, int]], bool]]
+
+
+class _GroupCollector(Collector):
+    def __init__(self, source: GroupSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        ranks, up = self._source()
+        yield GaugeMetricFamily(
+            "vllm_mlx_distributed_up", "1 while every rank answers, 0 once the group failed.",
+            value=1.0 if up else 0.0,
+        )  # fmt: skip
+        for index, name, doc in (
+            (2, "vllm_mlx_distributed_step_seconds",
+             "Mean wall time of one model step on each rank (last window of steps)."),
+            (3, "vllm_mlx_distributed_sync_seconds",
+             "Mean time per step in the step-sync exchange with rank 0 (last window)."),
+            (4, "vllm_mlx_distributed_weight_bytes", "Parameter bytes each rank holds."),
+        ):  # fmt: skip
+            family = GaugeMetricFamily(name, doc, labels=["rank", "host"])
+            for row in ranks:
+                family.add_metric([str(row[0]), row[1]], float(row[index]))
+            yield family
+
+
 class Metrics:
     """The daemon's metrics on its own registry (never the process-global one)."""
 
@@ -276,6 +304,10 @@ class Metrics:
         if self._live is None:
             self._live = _LiveCollector(source)
             self.registry.register(self._live)
+
+    def watch_group(self, source: GroupSource) -> None:
+        """Rank 0 of a distributed group: per-rank gauges read at every scrape."""
+        self.registry.register(_GroupCollector(source))
 
     def add_model(self, name: str) -> None:
         """Create a model's labelled series so they read 0 before the first request."""

@@ -62,6 +62,10 @@ def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     ]
     # MCP servers are reported, never counted against health: the models still serve.
     mcp = {"mcp": _mcp_health(state)} if state.mcp.servers else {}
+    group = state.distributed
+    if group is not None and group.failed:  # a lost rank: this daemon is about to exit
+        body = {"status": "failed", "error": group.error, "models": models, **mcp}
+        return Response(body, status_code=503)
     if state.draining:
         return Response({"status": "draining", "models": models, **mcp}, status_code=503)
     if not registry.settled:
@@ -212,6 +216,8 @@ def status_document(state: ServerState) -> dict[str, Any]:
     document["models"] = blocks
     document["config"] = state.config_status()
     document["mcp"] = {"servers": state.mcp.status()}
+    if state.distributed is not None:
+        document["distributed"] = state.distributed.describe()
     return document
 
 

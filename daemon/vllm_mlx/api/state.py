@@ -9,6 +9,7 @@ from typing import Any
 
 from vllm_mlx.api.responses.store import ResponseStore
 from vllm_mlx.config import Settings
+from vllm_mlx.distributed.status import GroupStatus
 from vllm_mlx.engine.registry import ModelRegistry
 from vllm_mlx.engine.residency import ModelManager
 from vllm_mlx.mcp.manager import McpManager
@@ -34,6 +35,8 @@ class ServerState:
     mcp: McpManager = field(init=False)
     # Loads, unloads and the memory budget; the daemon sets it (None in unit tests).
     residency: ModelManager | None = None
+    # Rank 0 of a distributed group: the ranks, their times, and whether it failed.
+    distributed: GroupStatus | None = None
 
     def __post_init__(self) -> None:
         self.mcp = McpManager(self.metrics)

@@ -33,6 +33,8 @@ class LoadedModel:
     load_seconds: float = 0.0
     # Test-only `replay:` sources: every request's output is forced to these tokens.
     forced_tokens: tuple[int, ...] | None = None
+    # A model sharded over a distributed group: the scheduler's Lockstep (rank 0).
+    lockstep: Any = None
 
 
 class Engine:
@@ -47,6 +49,7 @@ class Engine:
             config,
             name=f"engine-{loaded.name}",
             forced_tokens=loaded.forced_tokens,
+            lockstep=loaded.lockstep,
         )
         # The Hugging Face tokenizer inside mlx-lm's wrapper; llguidance reads its table.
         hf_tokenizer = getattr(loaded.tokenizer, "_tokenizer", loaded.tokenizer)

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from mlx_lm.generate import BatchGenerator
@@ -47,6 +47,25 @@ log = structlog.get_logger(__name__)
 EventSink = Callable[[EngineEvent], None]
 # Called on the engine thread after each step with (prompt tokens, generated tokens).
 StepHook = Callable[[int, int], None]
+
+
+class Lockstep(Protocol):
+    """The narrow face of a distributed group (vllm_mlx.distributed.lockstep).
+
+    Rank 0's scheduler journals every change to the batch, exchanges it with the
+    other ranks before each step (and on idle ticks, the group's heartbeat), and
+    wraps each sampler so every rank uses the token rank 0 sampled.
+    """
+
+    idle_interval: float | None
+
+    def added(self, request: GenerationRequest) -> None: ...
+    def removed(self, request_id: str) -> None: ...
+    def exchange(self, step: bool) -> None: ...
+    def wrap_sampler(self, sampler: Sampler, shared: bool) -> Sampler: ...
+    def bind(self, fail_in_flight: Callable[[str], None]) -> None: ...
+    def failed(self, message: str) -> None: ...
+    def stopped(self) -> None: ...
 
 
 @dataclass
@@ -116,8 +135,12 @@ class Scheduler:
         name: str = "engine",
         forced_tokens: tuple[int, ...] | None = None,
         vocab_size: int | None = None,
+        lockstep: Lockstep | None = None,
     ) -> None:
         self._model = model
+        self.lockstep = lockstep
+        if lockstep is not None:
+            lockstep.bind(self.fail_in_flight)
         self.vocab_size = vocab_size if vocab_size is not None else _vocab_size(model)
         self._forced = forced_tokens
         self.prefix_cache = make_prefix_cache(model, config.prefix_cache_bytes, config.paged_cache)
@@ -188,25 +211,39 @@ class Scheduler:
 
     def _run(self) -> None:
         self._generator = self._make_generator()
+        sync = self.lockstep
         while True:
             idle = not self._slots
             if idle:
                 release_free_memory()  # going idle: hand freed KV memory back to the OS
             if not self._take_commands(block=idle):
                 break
-            if not self._slots:
-                continue
             try:
-                self._step()
+                if sync is not None:  # every rank must see each change before the step
+                    sync.exchange(step=bool(self._slots))
+                if self._slots:
+                    self._step()
             except Exception as exc:  # an mlx failure must not kill the thread
                 log.exception("engine step failed", error=str(exc))
                 self._fail_all(f"engine error: {exc}")
+                if sync is not None:
+                    sync.failed(str(exc))  # the ranks cannot agree any more: fatal
         self._fail_all("the engine stopped", FinishReason.ABORT)
+        if sync is not None:
+            sync.stopped()
+
+    def fail_in_flight(self, message: str) -> None:
+        """From another thread, when the engine thread is stuck (a dead rank): end
+        every request's stream with this error; the process exits right after."""
+        for slot in list(self._slots.values()):
+            self._post(slot, SequenceFinished(FinishReason.ERROR, message))
 
     def _take_commands(self, block: bool) -> bool:
         """Apply queued commands; False once asked to stop."""
+        # A distributed group wakes up idle to exchange a heartbeat with its ranks.
+        timeout = None if self.lockstep is None else self.lockstep.idle_interval
         try:
-            command = self._commands.get() if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
         except queue.Empty:
             return True
         while True:
@@ -242,6 +279,8 @@ class Scheduler:
             return
         fault = Fault()
         try:
+            if self.lockstep is not None:  # before its prefill: other ranks join that too
+                self.lockstep.added(request)
             if request.shared is None and request.prompt_logprobs is None:
                 hit, scores = self.prefix_cache.lookup(request.prompt_tokens), None
                 reused = hit.cached
@@ -276,14 +315,21 @@ class Scheduler:
         slot = self._by_request.get(command.request_id)
         if slot is None:
             return  # already finished
+        self._remove(slot)
+        self._finish(slot, SequenceFinished(command.reason, command.message))
+
+    def _remove(self, slot: _Slot) -> None:
         assert self._generator is not None
         self._generator.remove([slot.uid])
-        self._finish(slot, SequenceFinished(command.reason, command.message))
+        if self.lockstep is not None:
+            self.lockstep.removed(slot.request.request_id)
 
     def _sampler(self, request: GenerationRequest, fault: Fault) -> Sampler:
         sampler = make_sampler(request.sampling, self.vocab_size)
         # Greedy requests keep the one shared sampler so they sample in one batched call.
-        return sampler if sampler is greedy_sampler else guard_sampler(sampler, fault)
+        shared = sampler is greedy_sampler
+        chosen = sampler if shared else guard_sampler(sampler, fault)
+        return chosen if self.lockstep is None else self.lockstep.wrap_sampler(chosen, shared)
 
     def _processors(self, request: GenerationRequest, fault: Fault) -> list[LogitsProcessor]:
         processors = make_processors(request.sampling, request.max_tokens)
@@ -399,7 +445,7 @@ class Scheduler:
             log.error(
                 "request failed", request_id=slot.request.request_id, error=slot.fault.message
             )
-            self._generator.remove([slot.uid])
+            self._remove(slot)
             self._finish(slot, SequenceFinished(FinishReason.ERROR, slot.fault.message or ""))
 
     def _fail_all(self, message: str, reason: FinishReason = FinishReason.ERROR) -> None:

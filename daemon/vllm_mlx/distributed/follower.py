@@ -1,0 +1,74 @@
+"""The loop of ranks 1..N-1: apply rank 0's batch changes, run the same step.
+
+The follower drives the same Scheduler as rank 0 (same BatchGenerator, prefix cache
+and shared prefills, so the same forward passes in the same order), fed by messages
+instead of HTTP requests. Its samplers take rank 0's tokens (lockstep.Follower).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import structlog
+
+from vllm_mlx.distributed.lockstep import Follower
+from vllm_mlx.distributed.wire import RequestRebuilder
+from vllm_mlx.engine.scheduler import Scheduler, _Abort, _Add
+from vllm_mlx.engine.types import EngineEvent, FinishReason, SequenceFinished, TokensGenerated
+
+log = structlog.get_logger(__name__)
+
+
+class _Tokens:
+    """A follower's own record of one sequence: logged when it ends, so a test (or an
+    operator) can check every rank produced rank 0's tokens."""
+
+    def __init__(self, request_id: str, tokenizer: Any) -> None:
+        self.request_id = request_id
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+
+    def __call__(self, event: EngineEvent) -> None:
+        if isinstance(event, TokensGenerated):
+            self.tokens.extend(event.tokens)
+        elif isinstance(event, SequenceFinished):
+            digest = hashlib.sha256(str(self.tokens).encode()).hexdigest()[:16]
+            log.info(
+                "follower sequence finished",
+                request_id=self.request_id,
+                tokens=len(self.tokens),
+                digest=digest,
+                text=self.tokenizer.decode(self.tokens),
+                reason=event.reason.value,
+            )
+
+
+def follow(scheduler: Scheduler, follower: Follower, tokenizer: Any) -> int:
+    """Run until rank 0's stop message (0) or a failure (the watchdog exits 70)."""
+    scheduler._generator = scheduler._make_generator()
+    rebuild = RequestRebuilder()
+    log.info("following rank 0", pid=os.getpid())
+    while True:
+        try:
+            message = follower.receive()
+        except Exception as exc:  # rank 0 gone: its socket closed
+            follower.failed(f"receiving from rank 0: {exc}")
+            return 70
+        if message.stop:
+            log.info("rank 0 stopped the group")
+            follower.watchdog.disarm()
+            return 0
+        for kind, body in message.ops:
+            if kind == "add":
+                request = rebuild.request(body)
+                scheduler._add(_Add(request, _Tokens(request.request_id, tokenizer)))
+            elif kind == "remove":
+                scheduler._abort(_Abort(str(body), FinishReason.ABORT, ""))
+        if message.step and scheduler._slots:
+            try:
+                scheduler._step()
+            except Exception as exc:
+                follower.failed(f"step failed: {exc}")
+                return 70
