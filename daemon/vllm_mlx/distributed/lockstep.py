@@ -191,7 +191,9 @@ class Leader(_Ranked):
         self._step_done(started)
         self.watchdog.arm()
         self._count += 1
-        message = Message(step=step, gather=self._count % GATHER_EVERY == 0, ops=self._ops)
+        # Times travel every GATHER_EVERY messages, and as soon as a busy stretch ends.
+        gather = self._count % GATHER_EVERY == 0 or (not step and self.window[0] > 0)
+        message = Message(step=step, gather=gather, ops=self._ops)
         self._ops = []
         self.channel.broadcast(encode(message))
         if message.gather:

@@ -51,8 +51,12 @@ class GroupStatus:
             return True
 
     def update_times(self, rows: list[tuple[float, float, float]]) -> None:
+        """One window per rank; an idle window (heartbeats only) keeps the last busy one."""
         with self._lock:
-            self.times = [RankTimes(int(s), t, c) for s, t, c in rows]
+            self.times = [
+                RankTimes(int(s), t, c) if s > 0 else old
+                for (s, t, c), old in zip(rows, self.times, strict=True)
+            ]
 
     def metric_rows(self) -> tuple[list[tuple[int, str, float, float, int]], bool]:
         """For metrics.watch_group: per rank (rank, host, step s, sync s, bytes), up."""

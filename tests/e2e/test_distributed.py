@@ -1,0 +1,247 @@
+"""One model across 3 processes: mlx.launch, the ring backend on 127.0.0.1, tensor parallel.
+
+3 ranks, not 2: SmolLM2-135M has 9 attention heads and 3 KV heads, and mlx-lm's
+`shard` splits each projection's rows evenly (9 heads over 2 ranks would leave 4.5
+heads per rank; the daemon refuses that at load with a clear error).
+
+The group serves the bundled model as float32; the reference is the single-process
+daemon with the same dtype. Generations are short: on a 2-core machine 3 ranks share
+2 cores, every ring collective costs tens of milliseconds (MLX's ring polls its sockets
+from threads) and a step has 61 of them (30 layers x 2 all_sums, plus the token share),
+so a step takes seconds. The full comparison (10 prompts at concurrency 4, streaming on
+both APIs) runs with VLLM_MLX_TEST_DISTRIBUTED=1; by default a smaller one does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import DaemonProcess, launch, running
+
+RANKS = 3
+MAX_TOKENS = 4
+FULL = os.environ.get("VLLM_MLX_TEST_DISTRIBUTED") == "1"
+full_only = pytest.mark.skipif(not FULL, reason="minutes on 2 cores: VLLM_MLX_TEST_DISTRIBUTED=1")
+GROUP = {"distributed": {"ranks": RANKS, "heartbeat": 0.5}, "metrics": {"enabled": True}}
+FLOAT32 = {
+    "models": [
+        {
+            "name": "smollm2-135m-instruct",
+            "source": "builtin:smollm2-135m-instruct",
+            "aliases": ["default"],
+            "dtype": "float32",
+        }
+    ]
+}
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about rain.",
+    "What is 2 + 2?",
+    "Name a primary colour.",
+    "Say hello in Spanish.",
+    "The opposite of hot is",
+    "List three fruits.",
+    "Who wrote Hamlet?",
+    "Water boils at",
+    "Describe the sea in one word.",
+]
+# The stated bound: a dead rank's socket error within ~1 s, then EXIT_GRACE_S (1 s);
+# a rank that stops answering: step_timeout + 0.25 s poll + 1 s. Slack for this machine.
+KILL_BOUND_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def group(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
+) -> Iterator[DaemonProcess]:
+    with running(tmp_path_factory.mktemp("group"), model_cache_dir, GROUP) as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def reference(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
+) -> Iterator[DaemonProcess]:
+    with running(tmp_path_factory.mktemp("single"), model_cache_dir, FLOAT32) as daemon:
+        yield daemon
+
+
+def _chat(daemon: DaemonProcess, prompt: str) -> str:
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="x", timeout=600)
+    reply = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    return reply.choices[0].message.content or ""
+
+
+def _log_events(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
+    found = []
+    for line in daemon.log_text().splitlines():
+        if line.startswith("{") and f'"{event}"' in line:
+            found.append(json.loads(line))
+    return found
+
+
+def test_two_concurrent_greedy_chats_match_the_single_process_daemon(
+    group: DaemonProcess, reference: DaemonProcess
+) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda p: _chat(group, p), PROMPTS[:2]))
+    assert got == [_chat(reference, p) for p in PROMPTS[:2]]
+    assert all(got)
+
+
+@full_only
+def test_greedy_outputs_match_the_single_process_daemon(
+    group: DaemonProcess, reference: DaemonProcess
+) -> None:
+    with ThreadPoolExecutor(4) as pool:  # concurrency 4: the ranks step shared batches
+        got = list(pool.map(lambda p: _chat(group, p), PROMPTS))
+    expected = [_chat(reference, p) for p in PROMPTS]
+    assert got == expected
+    assert all(got)
+
+
+@full_only
+def test_streaming_on_both_apis_matches(group: DaemonProcess, reference: DaemonProcess) -> None:
+    prompt = PROMPTS[0]
+    client = openai.OpenAI(base_url=f"{group.base_url}/v1", api_key="x", timeout=600)
+    stream = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == _chat(reference, prompt)
+
+    def anthropic_stream(daemon: DaemonProcess) -> str:
+        client = anthropic.Anthropic(base_url=daemon.base_url, api_key="x", timeout=600)
+        with client.messages.stream(
+            model="default",
+            max_tokens=MAX_TOKENS,
+            messages=[{"role": "user", "content": prompt}],
+            extra_body={"temperature": 0},
+        ) as events:
+            return "".join(events.text_stream)
+
+    assert anthropic_stream(group) == anthropic_stream(reference)
+
+
+def test_every_rank_uses_the_token_rank_0_sampled(group: DaemonProcess) -> None:
+    """temperature 1 without a seed: ranks sampling on their own would diverge."""
+    client = openai.OpenAI(base_url=f"{group.base_url}/v1", api_key="x", timeout=600)
+    reply = client.completions.create(
+        model="default", prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=1.0
+    )
+    text = reply.choices[0].text
+    # The followers' lines reach the log through mlx.launch's relay: wait for them.
+    deadline = time.monotonic() + 60
+    mine: list[dict[str, Any]] = []
+    while len(mine) < RANKS - 1 and time.monotonic() < deadline:
+        finished = _log_events(group, "follower sequence finished")
+        mine = [e for e in finished if e["request_id"] == reply.id]
+        time.sleep(0.2)
+    assert sorted(e["rank"] for e in mine) == list(range(1, RANKS))
+    assert all(e["text"] == text and e["tokens"] == MAX_TOKENS for e in mine)
+
+
+def test_status_shows_the_ranks_and_each_holds_its_share(
+    group: DaemonProcess, model_cache_dir: Path
+) -> None:
+    # Each rank's times reach rank 0 when the group next goes idle: wait for them.
+    deadline = time.monotonic() + 60
+    while True:
+        status = httpx.get(f"{group.base_url}/v1/status", timeout=10).json()["distributed"]
+        ranks = status["ranks"]
+        if all(r["steps"] > 0 for r in ranks) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status["size"] == RANKS and status["state"] == "serving"
+    assert [r["rank"] for r in ranks] == list(range(RANKS))
+    assert all(r["host"] for r in ranks)
+    assert all(r["steps"] > 0 and r["step_ms"] > 0 for r in ranks)  # gathered from each
+    metrics = httpx.get(f"{group.base_url}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    assert families["vllm_mlx_distributed_up"].samples[0].value == 1
+    by_rank = {
+        s.labels["rank"]: s.value for s in families["vllm_mlx_distributed_weight_bytes"].samples
+    }
+    assert by_rank == {str(r["rank"]): r["weight_bytes"] for r in ranks}
+    steps = families["vllm_mlx_distributed_step_seconds"].samples
+    assert len(steps) == RANKS and all(s.value > 0 for s in steps)
+    full = _float32_model_bytes(model_cache_dir)
+    embedding = 49152 * 576 * 4  # tied embeddings: replicated on every rank
+    for r in ranks:  # the layers split in 3, the embedding table whole
+        assert r["weight_bytes"] == pytest.approx(embedding + (full - embedding) / RANKS, rel=0.01)
+        assert r["weight_bytes"] < 0.5 * full
+
+
+def _float32_model_bytes(cache_dir: Path) -> int:
+    """The unsharded float32 model, measured the same way (parameter bytes)."""
+    code = (
+        "import mlx.core as mx, sys\n"
+        "from mlx.utils import tree_flatten\n"
+        "from mlx_lm.utils import load\n"
+        "from vllm_mlx.models.dtype import apply_dtype\n"
+        "m = load(sys.argv[1])[0]\n"
+        "m, _ = apply_dtype(m, 'float32', blas_optimized=True)\n"
+        "print(sum(v.nbytes for _, v in tree_flatten(m.parameters())))\n"
+    )
+    (config,) = cache_dir.glob("gguf/*/config.json")  # the GGUF the daemons imported
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(config.parent)], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_sigterm_on_rank_0_drains_and_stops_the_group(group: DaemonProcess) -> None:
+    assert group.stop(signal.SIGTERM, timeout=120) == 0
+    assert len(_log_events(group, "rank 0 stopped the group")) == RANKS - 1
+
+
+def test_a_killed_rank_fails_the_stream_and_the_group_exits(
+    tmp_path: Path, model_cache_dir: Path
+) -> None:
+    config = {"distributed": {"ranks": RANKS, "heartbeat": 0.5, "step_timeout": 10}}
+    daemon = launch(tmp_path, model_cache_dir, config)
+    try:
+        daemon.wait_healthy()
+        follower = _log_events(daemon, "following rank 0")[0]
+        body = {
+            "model": "default",
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 200,
+            "stream": True,
+        }
+        seen = ""
+        with httpx.stream(
+            "POST", f"{daemon.base_url}/v1/chat/completions", json=body, timeout=600
+        ) as response:
+            for chunk in response.iter_text():
+                if not seen:  # mid-stream: the first tokens are out
+                    os.kill(follower["pid"], signal.SIGKILL)
+                seen += chunk
+        assert "distributed group failed" in seen
+        assert daemon.process.wait(KILL_BOUND_S) == 70
+    finally:
+        daemon.stop(signal.SIGKILL)
