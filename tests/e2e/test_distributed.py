@@ -60,8 +60,8 @@ PROMPTS = [
     "Water boils at",
     "Describe the sea in one word.",
 ]
-# The stated bound: a dead rank's socket error within ~1 s, then EXIT_GRACE_S (1 s);
-# a rank that stops answering: step_timeout + 0.25 s poll + 1 s. Slack for this machine.
+# The stated bound (docs/distributed.md): step_timeout (12 s here; a step takes 5-6 s
+# on a loaded 2-core machine) + 0.25 s watchdog poll + 1 s grace; slack on top.
 KILL_BOUND_S = 30.0
 
 
@@ -222,7 +222,7 @@ def test_sigterm_on_rank_0_drains_and_stops_the_group(group: DaemonProcess) -> N
 def test_a_killed_rank_fails_the_stream_and_the_group_exits(
     tmp_path: Path, model_cache_dir: Path
 ) -> None:
-    config = {"distributed": {"ranks": RANKS, "heartbeat": 0.5, "step_timeout": 10}}
+    config = {"distributed": {"ranks": RANKS, "heartbeat": 0.5, "step_timeout": 12}}
     daemon = launch(tmp_path, model_cache_dir, config)
     try:
         daemon.wait_healthy()
@@ -233,15 +233,20 @@ def test_a_killed_rank_fails_the_stream_and_the_group_exits(
             "max_tokens": 200,
             "stream": True,
         }
-        seen = ""
+        lines: list[str] = []
         with httpx.stream(
             "POST", f"{daemon.base_url}/v1/chat/completions", json=body, timeout=600
         ) as response:
-            for chunk in response.iter_text():
-                if not seen:  # mid-stream: the first tokens are out
-                    os.kill(follower["pid"], signal.SIGKILL)
-                seen += chunk
-        assert "distributed group failed" in seen
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                lines.append(line)
+                if len(lines) == 1 or '"content":"' not in line or '"content":""' in line:
+                    continue
+                if not any('"content":"' in x and '"content":""' not in x for x in lines[:-1]):
+                    os.kill(follower["pid"], signal.SIGKILL)  # mid-stream: a token is out
+        text = "\n".join(lines)
+        assert text.count('"content":"') >= 1  # tokens streamed before the failure
+        assert "distributed group failed" in text  # the stream ends with a clear error
         assert daemon.process.wait(KILL_BOUND_S) == 70
     finally:
         daemon.stop(signal.SIGKILL)

@@ -51,7 +51,8 @@ class DistributedSettings(Section):
         Reload.RESTART,
         "Seconds one step or one exchange with the other ranks may take before rank 0 "
         "declares the group dead: it fails every in-flight request, reports unhealthy "
-        "and exits non-zero (a peer that closes its socket is noticed at once).",
+        "and exits 70 (about step_timeout + 1.25 s after a rank dies or hangs). Must "
+        "exceed the longest step (a long prefill chunk).",
         gt=0,
         le=3600,
     )

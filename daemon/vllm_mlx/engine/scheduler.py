@@ -225,9 +225,9 @@ class Scheduler:
                     self._step()
             except Exception as exc:  # an mlx failure must not kill the thread
                 log.exception("engine step failed", error=str(exc))
+                if sync is not None:  # the ranks cannot agree any more: fatal, said first
+                    sync.failed(str(exc))
                 self._fail_all(f"engine error: {exc}")
-                if sync is not None:
-                    sync.failed(str(exc))  # the ranks cannot agree any more: fatal
         self._fail_all("the engine stopped", FinishReason.ABORT)
         if sync is not None:
             sync.stopped()
