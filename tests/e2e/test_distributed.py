@@ -29,9 +29,11 @@ import anthropic
 import httpx
 import openai
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DaemonProcess, launch, running
+from tests.e2e.ops_support import wait_for
 
 RANKS = 3
 MAX_TOKENS = 4
@@ -100,6 +102,17 @@ def _log_events(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
     return found
 
 
+def _follower_records(daemon: DaemonProcess, request_id: str) -> list[dict[str, Any]]:
+    """Each follower's log of the sequence; the lines come through mlx.launch's relay."""
+    deadline = time.monotonic() + 60
+    mine: list[dict[str, Any]] = []
+    while len(mine) < RANKS - 1 and time.monotonic() < deadline:
+        finished = _log_events(daemon, "follower sequence finished")
+        mine = [e for e in finished if e["request_id"] == request_id]
+        time.sleep(0.2)
+    return mine
+
+
 def test_two_concurrent_greedy_chats_match_the_single_process_daemon(
     group: DaemonProcess, reference: DaemonProcess
 ) -> None:
@@ -154,15 +167,25 @@ def test_every_rank_uses_the_token_rank_0_sampled(group: DaemonProcess) -> None:
         model="default", prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=1.0
     )
     text = reply.choices[0].text
-    # The followers' lines reach the log through mlx.launch's relay: wait for them.
-    deadline = time.monotonic() + 60
-    mine: list[dict[str, Any]] = []
-    while len(mine) < RANKS - 1 and time.monotonic() < deadline:
-        finished = _log_events(group, "follower sequence finished")
-        mine = [e for e in finished if e["request_id"] == reply.id]
-        time.sleep(0.2)
+    mine = _follower_records(group, reply.id)
     assert sorted(e["rank"] for e in mine) == list(range(1, RANKS))
     assert all(e["text"] == text and e["tokens"] == MAX_TOKENS for e in mine)
+
+
+def test_structured_output_is_enforced_on_rank_0_and_shared(group: DaemonProcess) -> None:
+    """The grammar mask runs on rank 0 only; the followers still follow its tokens."""
+    client = openai.OpenAI(base_url=f"{group.base_url}/v1", api_key="x", timeout=600)
+    reply = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Tea or coffee?"}],
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+        extra_body={"structured_outputs": {"choice": ["tea", "coffee"]}},
+    )
+    assert reply.choices[0].message.content in ("tea", "coffee")
+    mine = _follower_records(group, reply.id)
+    assert sorted(e["rank"] for e in mine) == list(range(1, RANKS))
+    assert all(e["text"] == reply.choices[0].message.content for e in mine)
 
 
 def test_status_shows_the_ranks_and_each_holds_its_share(
@@ -212,6 +235,24 @@ def _float32_model_bytes(cache_dir: Path) -> int:
         [sys.executable, "-c", code, str(config.parent)], capture_output=True, text=True, check=True
     )
     return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_hot_settings_reload_on_rank_0(group: DaemonProcess) -> None:
+    """A hot key (API keys) applies at once; the model and the group are untouched."""
+
+    def models(key: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        return httpx.get(f"{group.base_url}/v1/models", headers=headers).status_code
+
+    assert models("other") == 200  # no keys yet
+    settings = yaml.safe_load(group.config_path.read_text())
+    settings["auth"] = {"api_keys": ["group-key"]}
+    scratch = group.config_path.with_suffix(".tmp")
+    scratch.write_text(yaml.safe_dump(settings, sort_keys=False))
+    os.replace(scratch, group.config_path)
+    wait_for(lambda: models("other") == 401, 60, "the new key list")
+    assert models("group-key") == 200
+    assert httpx.get(f"{group.base_url}/health").json()["status"] == "ok"
 
 
 def test_sigterm_on_rank_0_drains_and_stops_the_group(group: DaemonProcess) -> None:
