@@ -12,6 +12,7 @@ too (MLX_RANK set: this process is one rank), minus that exit-status fix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -122,7 +123,10 @@ def serve_group(settings: Settings, argv: list[str]) -> int:
             os.kill(int(pid_file.read_text()), signum)
         except (OSError, ValueError):  # rank 0 not up (yet), or remote: stop them all
             if signum != signal.SIGHUP:
-                process.terminate()
+                # mlx.launch leads its own process group: the local ranks die with it
+                # (they ignore stop signals only once they have joined the group).
+                with contextlib.suppress(OSError):
+                    os.killpg(process.pid, signal.SIGTERM)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
