@@ -97,7 +97,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _distributed_models(self) -> Settings:
-        check_distributed_models(self.distributed, self.models)
+        budgeted = self.memory.budget_mb is not None or self.memory.budget_percent is not None
+        check_distributed_models(self.distributed, self.models, budgeted)
         return self
 
     @classmethod

@@ -79,6 +79,15 @@ def test_exactly_one_generation_model_and_not_quantized() -> None:
     quantized = [{"name": "a", "source": "builtin:smollm2-135m-instruct", "dtype": "quantized"}]
     with pytest.raises(ValidationError, match="float32"):
         _settings({"ranks": 3}, models=quantized)
+    second = [{"name": "e", "source": "builtin:all-minilm-l6-v2", "task": "embed"}, two[0]]
+    with pytest.raises(ValidationError, match="must load at startup"):
+        _settings({"ranks": 3}, models=second)
+    assert _settings({"ranks": 3}, models=[{**second[1], "load": "startup"}, second[0]])
+    with pytest.raises(ValidationError, match="keep_alive: -1"):
+        _settings({"ranks": 3}, models=[{**two[0], "keep_alive": 60}])
+    with pytest.raises(ValidationError, match="pin: true"):
+        _settings({"ranks": 3}, models=[two[0]], memory={"budget_mb": 4096})
+    assert _settings({"ranks": 3}, models=[{**two[0], "pin": True}], memory={"budget_mb": 4096})
     # Without the section the same models are fine.
     assert len(Settings.model_validate({"models": two}).models) == 2
 

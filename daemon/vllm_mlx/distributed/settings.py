@@ -115,7 +115,9 @@ def read_hostfile(path: Path) -> list[dict[str, Any]]:
     return hosts
 
 
-def check_distributed_models(distributed: DistributedSettings, models: list[Any]) -> None:
+def check_distributed_models(
+    distributed: DistributedSettings, models: list[Any], budgeted: bool
+) -> None:
     """A group runs exactly one generation model: every rank steps it in lockstep, and
     two models' collectives on two engine threads would interleave differently on each
     rank. Embedding models stay on rank 0."""
@@ -127,8 +129,23 @@ def check_distributed_models(distributed: DistributedSettings, models: list[Any]
             f"`distributed` serves exactly one generation model; `models` has "
             f"{len(generators)} ({', '.join(generators) or 'none'})"
         )
-    if any(m.dtype == "quantized" for m in models if m.task == "generate"):
+    (model,) = [m for m in models if m.task == "generate"]
+    if model.dtype == "quantized":
         raise ValueError(
             "`distributed` models are served as float32 (the quantized CPU kernel does not "
             "shard); set the model's dtype to auto or float32/float16/bfloat16"
+        )
+    # Every rank loads its shard once, at start: a model that unloads (keep_alive, an
+    # eviction) or loads on demand would need the whole group to re-shard.
+    first = models[0] is model
+    if model.load == "on_demand" or (model.load is None and not first):
+        raise ValueError(
+            f"the distributed model {model.name!r} must load at startup (`load: startup`)"
+        )
+    if model.keep_alive != -1:
+        raise ValueError(f"the distributed model {model.name!r} must stay loaded: `keep_alive: -1`")
+    if budgeted and not model.pin:
+        raise ValueError(
+            f"with a memory budget the distributed model {model.name!r} needs `pin: true` "
+            "(it cannot be evicted and loaded again)"
         )
