@@ -15,7 +15,8 @@ import structlog
 
 from vllm_mlx.distributed.lockstep import Follower
 from vllm_mlx.distributed.wire import RequestRebuilder
-from vllm_mlx.engine.scheduler import Scheduler, _Abort, _Add
+from vllm_mlx.engine.scheduler import Scheduler
+from vllm_mlx.engine.scheduler_state import AbortCommand, AddCommand
 from vllm_mlx.engine.types import EngineEvent, FinishReason, SequenceFinished, TokensGenerated
 
 log = structlog.get_logger(__name__)
@@ -63,9 +64,9 @@ def follow(scheduler: Scheduler, follower: Follower, tokenizer: Any) -> int:
         for kind, body in message.ops:
             if kind == "add":
                 request = rebuild.request(body)
-                scheduler._add(_Add(request, _Tokens(request.request_id, tokenizer)))
+                scheduler._add(AddCommand(request, _Tokens(request.request_id, tokenizer)))
             elif kind == "remove":
-                scheduler._abort(_Abort(str(body), FinishReason.ABORT, ""))
+                scheduler._abort(AbortCommand(str(body), FinishReason.ABORT, ""))
         if message.step and scheduler._slots:
             try:
                 scheduler._step()

@@ -11,9 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from mlx_lm.generate import BatchGenerator
@@ -32,98 +30,31 @@ from vllm_mlx.engine.sampling import (
     make_processors,
     make_sampler,
 )
+from vllm_mlx.engine.scheduler_state import (
+    AbortCommand,
+    AddCommand,
+    Command,
+    EventSink,
+    Lockstep,
+    SchedulerStats,
+    Slot,
+    StepHook,
+    StopCommand,
+    describe,
+)
+
+# Re-exported: the engine's users import the config from here.
+from vllm_mlx.engine.scheduler_state import SchedulerConfig as SchedulerConfig
 from vllm_mlx.engine.types import (
     EngineEvent,
     FinishReason,
     GenerationRequest,
     PromptProcessed,
     SequenceFinished,
-    TokenLogprob,
     TokensGenerated,
 )
 
 log = structlog.get_logger(__name__)
-
-EventSink = Callable[[EngineEvent], None]
-# Called on the engine thread after each step with (prompt tokens, generated tokens).
-StepHook = Callable[[int, int], None]
-
-
-class Lockstep(Protocol):
-    """The narrow face of a distributed group (vllm_mlx.distributed.lockstep).
-
-    Rank 0's scheduler journals every change to the batch, exchanges it with the
-    other ranks before each step (and on idle ticks, the group's heartbeat), and
-    wraps each sampler so every rank uses the token rank 0 sampled.
-    """
-
-    idle_interval: float | None
-
-    def added(self, request: GenerationRequest) -> None: ...
-    def removed(self, request_id: str) -> None: ...
-    def exchange(self, step: bool) -> None: ...
-    def wrap_sampler(self, sampler: Sampler, shared: bool) -> Sampler: ...
-    def bind(self, fail_in_flight: Callable[[str], None]) -> None: ...
-    def failed(self, message: str) -> None: ...
-    def stopped(self) -> None: ...
-
-
-@dataclass
-class _Slot:
-    request: GenerationRequest
-    sink: EventSink
-    uid: int
-    phase: str = "queued"  # queued -> prefill -> generation
-    generated: int = 0
-    pending: list[int] = field(default_factory=list)
-    prompt_done: int = 0  # prompt tokens processed so far
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
-    prefill_started_at: float | None = None
-    first_token_at: float | None = None
-    fault: Fault = field(default_factory=Fault)
-    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
-    raw: RawCapture | None = None  # raw-logprobs requests with logits processors
-
-
-@dataclass(frozen=True)
-class _Add:
-    request: GenerationRequest
-    sink: EventSink
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
-    reason: FinishReason
-    message: str
-
-
-@dataclass(frozen=True)
-class _Stop:
-    pass
-
-
-_Command = _Add | _Abort | _Stop
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    # Defaults chosen by measurement (docs/benchmarks.md): a 16-request burst is
-    # prefilled in one pass, and 32 streams decode together before any queue.
-    max_batch_size: int = 32
-    prefill_batch_size: int = 16
-    prefill_step_size: int = 512
-    prefix_cache_bytes: int = 0  # 0 = no prefix cache
-    paged_cache: bool = False  # token-block prefix cache (engine/paged_cache.py)
-
-
-@dataclass
-class SchedulerStats:
-    steps_executed: int = 0
-    requests_finished: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
 
 
 class Scheduler:
@@ -146,9 +77,9 @@ class Scheduler:
         self.prefix_cache = make_prefix_cache(model, config.prefix_cache_bytes, config.paged_cache)
         self._eos = eos_token_ids
         self._config = config
-        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
-        self._slots: dict[int, _Slot] = {}
-        self._by_request: dict[str, _Slot] = {}
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._slots: dict[int, Slot] = {}
+        self._by_request: dict[str, Slot] = {}
         self._generator: BatchGenerator | None = None
         self.stats = SchedulerStats()
         self.on_step: StepHook | None = None
@@ -160,22 +91,22 @@ class Scheduler:
         self._thread.start()
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
-        self._commands.put(_Add(request, sink))
+        self._commands.put(AddCommand(request, sink))
 
     def abort(
         self, request_id: str, reason: FinishReason = FinishReason.ABORT, message: str = ""
     ) -> None:
-        self._commands.put(_Abort(request_id, reason, message))
+        self._commands.put(AbortCommand(request_id, reason, message))
 
     def stop(self, timeout: float | None = None) -> None:
-        self._commands.put(_Stop())
+        self._commands.put(StopCommand())
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """A racy but safe view of the live requests, for /v1/status."""
         now = time.monotonic()
-        return [_describe(slot, now) for slot in list(self._slots.values())]
+        return [describe(slot, now) for slot in list(self._slots.values())]
 
     @property
     def kv_tokens(self) -> int:
@@ -247,9 +178,9 @@ class Scheduler:
         except queue.Empty:
             return True
         while True:
-            if isinstance(command, _Stop):
+            if isinstance(command, StopCommand):
                 return False
-            if isinstance(command, _Add):
+            if isinstance(command, AddCommand):
                 self._add(command)
             else:
                 self._abort(command)
@@ -270,7 +201,7 @@ class Scheduler:
             return f"the prompt has token ids outside the vocabulary (0 to {self.vocab_size - 1})"
         return None
 
-    def _add(self, command: _Add) -> None:
+    def _add(self, command: AddCommand) -> None:
         request = command.request
         assert self._generator is not None
         refusal = self._refusal(request)
@@ -304,21 +235,21 @@ class Scheduler:
         except Exception as exc:
             command.sink(SequenceFinished(FinishReason.ERROR, f"cannot schedule: {exc}"))
             return
-        slot = _Slot(request, command.sink, uid, prompt_done=hit.cached, fault=fault)
+        slot = Slot(request, command.sink, uid, prompt_done=hit.cached, fault=fault)
         slot.cached_tokens = reused
         slot.prompt_logprobs = scores
         slot.raw = next((p for p in processors if isinstance(p, RawCapture)), None)
         self._slots[uid] = slot
         self._by_request[request.request_id] = slot
 
-    def _abort(self, command: _Abort) -> None:
+    def _abort(self, command: AbortCommand) -> None:
         slot = self._by_request.get(command.request_id)
         if slot is None:
             return  # already finished
         self._remove(slot)
         self._finish(slot, SequenceFinished(command.reason, command.message))
 
-    def _remove(self, slot: _Slot) -> None:
+    def _remove(self, slot: Slot) -> None:
         assert self._generator is not None
         self._generator.remove([slot.uid])
         if self.lockstep is not None:
@@ -343,19 +274,19 @@ class Scheduler:
         return guarded
 
     @staticmethod
-    def _post(slot: _Slot, event: EngineEvent) -> None:
+    def _post(slot: Slot, event: EngineEvent) -> None:
         # A consumer's failure must never fail the shared step for everyone else.
         try:
             slot.sink(event)
         except Exception:
             log.exception("event sink failed", request_id=slot.request.request_id)
 
-    def _flush(self, slot: _Slot) -> None:
+    def _flush(self, slot: Slot) -> None:
         if slot.pending:
             self._post(slot, TokensGenerated(slot.pending, tuple(slot.pending_logprobs)))
             slot.pending, slot.pending_logprobs = [], []
 
-    def _finish(self, slot: _Slot, event: SequenceFinished) -> None:
+    def _finish(self, slot: Slot, event: SequenceFinished) -> None:
         self._flush(slot)
         self._post(slot, event)
         self._slots.pop(slot.uid, None)
@@ -389,8 +320,8 @@ class Scheduler:
                     prompt_logprobs=slot.prompt_logprobs,
                 )
                 self._post(slot, processed)
-        finished: list[tuple[_Slot, str]] = []
-        scored: list[tuple[_Slot, Any]] = []
+        finished: list[tuple[Slot, str]] = []
+        scored: list[tuple[Slot, Any]] = []
         for gen in generation_responses:
             slot = self._slots.get(gen.uid)
             if slot is None or slot.fault.message is not None:
@@ -418,7 +349,7 @@ class Scheduler:
         if self.on_step is not None:
             self._report_step(prompt_tokens, len(generation_responses))
 
-    def _add_logprobs(self, scored: list[tuple[_Slot, Any]]) -> None:
+    def _add_logprobs(self, scored: list[tuple[Slot, Any]]) -> None:
         rows = [make_row(gen.logprobs, gen.token, s.request, s.raw) for s, gen in scored]
         try:
             entries = step_logprobs(rows)
@@ -426,7 +357,7 @@ class Scheduler:
             log.exception("logprobs failed")
             for slot, _ in scored:
                 message = f"logprobs failed: {exc}"
-                self._abort(_Abort(slot.request.request_id, FinishReason.ERROR, message))
+                self._abort(AbortCommand(slot.request.request_id, FinishReason.ERROR, message))
             return
         for (slot, _), entry in zip(scored, entries, strict=True):
             slot.pending_logprobs.append(entry)
@@ -463,33 +394,3 @@ def _vocab_size(model: Any) -> int:
     if isinstance(size, int) and size > 0:
         return size
     raise ValueError("cannot tell the model's vocabulary size (model.args.vocab_size)")
-
-
-def _describe(slot: _Slot, now: float) -> dict[str, Any]:
-    """One live request for /v1/status: phase, progress and speed so far."""
-    request = slot.request
-    prompt_len = len(request.prompt_tokens)
-    ttft = None if slot.first_token_at is None else slot.first_token_at - request.arrived_at
-    speed = 0.0
-    if slot.first_token_at is not None and slot.generated > 1 and now > slot.first_token_at:
-        speed = (slot.generated - 1) / (now - slot.first_token_at)
-    if slot.phase == "generation":
-        progress = slot.generated / max(1, request.max_tokens)
-    elif slot.phase == "prefill":
-        progress = slot.prompt_done / max(1, prompt_len)
-    else:
-        progress = 0.0
-    return {
-        "request_id": request.request_id,
-        "phase": slot.phase,
-        "generated_tokens": slot.generated,
-        "max_tokens": request.max_tokens,
-        "prompt_tokens": prompt_len,
-        "prompt_tokens_processed": slot.prompt_done,
-        "cached_tokens": slot.cached_tokens,
-        "cache_hit_type": "prefix" if slot.cached_tokens else "none",
-        "tokens_per_second": round(speed, 3),
-        "ttft_s": None if ttft is None else round(ttft, 4),
-        "progress": round(min(1.0, progress), 4),
-        "elapsed_s": round(now - request.arrived_at, 3),
-    }

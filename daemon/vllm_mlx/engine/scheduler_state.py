@@ -1,0 +1,124 @@
+"""What the engine thread keeps per request and takes in as commands: the scheduler's
+data, apart from the loop that drives it (scheduler.py). The distributed follower
+(distributed/follower.py) feeds a scheduler the same commands rank 0's received."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vllm_mlx.engine.logprobs import RawCapture
+from vllm_mlx.engine.sampling import Fault, Sampler
+from vllm_mlx.engine.types import EngineEvent, FinishReason, GenerationRequest, TokenLogprob
+
+EventSink = Callable[[EngineEvent], None]
+# Called on the engine thread after each step with (prompt tokens, generated tokens).
+StepHook = Callable[[int, int], None]
+
+
+class Lockstep(Protocol):
+    """The narrow face of a distributed group (vllm_mlx.distributed.lockstep).
+
+    Rank 0's scheduler journals every change to the batch, exchanges it with the
+    other ranks before each step (and on idle ticks, the group's heartbeat), and
+    wraps each sampler so every rank uses the token rank 0 sampled.
+    """
+
+    idle_interval: float | None
+
+    def added(self, request: GenerationRequest) -> None: ...
+    def removed(self, request_id: str) -> None: ...
+    def exchange(self, step: bool) -> None: ...
+    def wrap_sampler(self, sampler: Sampler, shared: bool) -> Sampler: ...
+    def bind(self, fail_in_flight: Callable[[str], None]) -> None: ...
+    def failed(self, message: str) -> None: ...
+    def stopped(self) -> None: ...
+
+
+@dataclass
+class Slot:
+    request: GenerationRequest
+    sink: EventSink
+    uid: int
+    phase: str = "queued"  # queued -> prefill -> generation
+    generated: int = 0
+    pending: list[int] = field(default_factory=list)
+    prompt_done: int = 0  # prompt tokens processed so far
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    prefill_started_at: float | None = None
+    first_token_at: float | None = None
+    fault: Fault = field(default_factory=Fault)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    raw: RawCapture | None = None  # raw-logprobs requests with logits processors
+
+
+@dataclass(frozen=True)
+class AddCommand:
+    request: GenerationRequest
+    sink: EventSink
+
+
+@dataclass(frozen=True)
+class AbortCommand:
+    request_id: str
+    reason: FinishReason
+    message: str
+
+
+@dataclass(frozen=True)
+class StopCommand:
+    pass
+
+
+Command = AddCommand | AbortCommand | StopCommand
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    # Defaults chosen by measurement (docs/benchmarks.md): a 16-request burst is
+    # prefilled in one pass, and 32 streams decode together before any queue.
+    max_batch_size: int = 32
+    prefill_batch_size: int = 16
+    prefill_step_size: int = 512
+    prefix_cache_bytes: int = 0  # 0 = no prefix cache
+    paged_cache: bool = False  # token-block prefix cache (engine/paged_cache.py)
+
+
+@dataclass
+class SchedulerStats:
+    steps_executed: int = 0
+    requests_finished: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+def describe(slot: Slot, now: float) -> dict[str, Any]:
+    """One live request for /v1/status: phase, progress and speed so far."""
+    request = slot.request
+    prompt_len = len(request.prompt_tokens)
+    ttft = None if slot.first_token_at is None else slot.first_token_at - request.arrived_at
+    speed = 0.0
+    if slot.first_token_at is not None and slot.generated > 1 and now > slot.first_token_at:
+        speed = (slot.generated - 1) / (now - slot.first_token_at)
+    if slot.phase == "generation":
+        progress = slot.generated / max(1, request.max_tokens)
+    elif slot.phase == "prefill":
+        progress = slot.prompt_done / max(1, prompt_len)
+    else:
+        progress = 0.0
+    return {
+        "request_id": request.request_id,
+        "phase": slot.phase,
+        "generated_tokens": slot.generated,
+        "max_tokens": request.max_tokens,
+        "prompt_tokens": prompt_len,
+        "prompt_tokens_processed": slot.prompt_done,
+        "cached_tokens": slot.cached_tokens,
+        "cache_hit_type": "prefix" if slot.cached_tokens else "none",
+        "tokens_per_second": round(speed, 3),
+        "ttft_s": None if ttft is None else round(ttft, 4),
+        "progress": round(min(1.0, progress), 4),
+        "elapsed_s": round(now - request.arrived_at, 3),
+    }
