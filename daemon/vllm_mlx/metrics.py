@@ -10,14 +10,19 @@ memory, model state) are read when Prometheus scrapes, by a collector.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+
+# Re-exported: the live gauges' samples and sources, read at scrape time.
+from vllm_mlx.live_metrics import MODEL_STATES as MODEL_STATES
+from vllm_mlx.live_metrics import GroupCollector, LiveCollector
+from vllm_mlx.live_metrics import GroupSource as GroupSource
+from vllm_mlx.live_metrics import LiveSource as LiveSource
+from vllm_mlx.live_metrics import MemorySample as MemorySample
+from vllm_mlx.live_metrics import ModelSample as ModelSample
 
 if TYPE_CHECKING:
     from vllm_mlx.engine.output import RequestTrace
@@ -59,7 +64,6 @@ DEFAULT_TOKEN_BUCKET_MAX = 131072
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 ABORT_REASONS = ("client_disconnect", "timeout")
-MODEL_STATES = ("not_loaded", "loading", "running", "failed", "stopped")
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -74,103 +78,6 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         scale *= 10
 
 
-@dataclass(frozen=True)
-class ModelSample:
-    """One served model's live state at scrape time."""
-
-    name: str
-    state: str  # one of MODEL_STATES
-    load_seconds: float = 0.0
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
-
-
-@dataclass(frozen=True)
-class MemorySample:
-    active_bytes: int = 0
-    peak_bytes: int = 0
-    cache_bytes: int = 0
-    rss_bytes: int = 0
-
-
-LiveSource = Callable[[], tuple[list[ModelSample], MemorySample]]
-
-
-class _LiveCollector(Collector):
-    """Gauges read from the running daemon when Prometheus scrapes."""
-
-    def __init__(self, source: LiveSource) -> None:
-        self._source = source
-
-    def collect(self) -> Iterable[Metric]:
-        models, memory = self._source()
-        by_model: list[tuple[str, str, Callable[[ModelSample], float]]] = [
-            ("vllm:num_requests_running", "Number of requests in model execution batches.",
-             lambda m: m.running),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-             lambda m: m.waiting),
-            ("vllm:kv_cache_usage_perc",
-             "KV-cache usage: tokens held by live sequences over max_batch_size x context "
-             "length. 1 means 100 percent usage.", lambda m: m.kv_usage),
-            ("vllm_mlx_model_load_seconds", "Seconds the model took to load.",
-             lambda m: m.load_seconds),
-        ]  # fmt: skip
-        for name, doc, value in by_model:
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
-            for model in models:
-                family.add_metric([model.name], float(value(model)))
-            yield family
-        states = GaugeMetricFamily(
-            "vllm_mlx_model_state",
-            "1 for the model's current load state, 0 for the others.",
-            labels=["model_name", "state"],
-        )
-        for model in models:
-            for state in MODEL_STATES:
-                states.add_metric([model.name, state], 1.0 if model.state == state else 0.0)
-        yield states
-        for name, doc, number in (
-            ("vllm_mlx_memory_active_bytes", "MLX memory in use (mx.get_active_memory).",
-             memory.active_bytes),
-            ("vllm_mlx_memory_peak_bytes", "Peak MLX memory since start (mx.get_peak_memory).",
-             memory.peak_bytes),
-            ("vllm_mlx_memory_cache_bytes", "MLX buffer cache (mx.get_cache_memory).",
-             memory.cache_bytes),
-            ("vllm_mlx_process_resident_memory_bytes", "Resident set size of the daemon.",
-             memory.rss_bytes),
-        ):  # fmt: skip
-            yield GaugeMetricFamily(name, doc, value=float(number))
-
-
-# A distributed group's ranks at scrape time: (rank, host, mean step seconds, mean
-# exchange seconds per step, weight bytes) each, and whether the group is up.
-GroupSource = Callable[[], tuple[list[tuple[int, str, float, float, int]], bool]]
-
-
-class _GroupCollector(Collector):
-    def __init__(self, source: GroupSource) -> None:
-        self._source = source
-
-    def collect(self) -> Iterable[Metric]:
-        ranks, up = self._source()
-        yield GaugeMetricFamily(
-            "vllm_mlx_distributed_up", "1 while every rank answers, 0 once the group failed.",
-            value=1.0 if up else 0.0,
-        )  # fmt: skip
-        for index, name, doc in (
-            (2, "vllm_mlx_distributed_step_seconds",
-             "Mean wall time of one model step on each rank (last window of steps)."),
-            (3, "vllm_mlx_distributed_sync_seconds",
-             "Mean time per step in the step-sync exchange with rank 0 (last window)."),
-            (4, "vllm_mlx_distributed_weight_bytes", "Parameter bytes each rank holds."),
-        ):  # fmt: skip
-            family = GaugeMetricFamily(name, doc, labels=["rank", "host"])
-            for row in ranks:
-                family.add_metric([str(row[0]), row[1]], float(row[index]))
-            yield family
-
-
 class Metrics:
     """The daemon's metrics on its own registry (never the process-global one)."""
 
@@ -183,7 +90,7 @@ class Metrics:
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         self.started_at = time.time()
-        self._live: _LiveCollector | None = None
+        self._live: LiveCollector | None = None
         self._models: set[str] = set()
         self._define_engine_metrics(build_1_2_5_buckets(token_bucket_max))
         self._define_server_metrics()
@@ -302,12 +209,12 @@ class Metrics:
     def watch(self, source: LiveSource) -> None:
         """Read live gauges from source at every scrape (set once)."""
         if self._live is None:
-            self._live = _LiveCollector(source)
+            self._live = LiveCollector(source)
             self.registry.register(self._live)
 
     def watch_group(self, source: GroupSource) -> None:
         """Rank 0 of a distributed group: per-rank gauges read at every scrape."""
-        self.registry.register(_GroupCollector(source))
+        self.registry.register(GroupCollector(source))
 
     def add_model(self, name: str) -> None:
         """Create a model's labelled series so they read 0 before the first request."""
