@@ -33,7 +33,6 @@ from vllm_mlx.configfile import LoadedConfig
 from vllm_mlx.distributed.launcher import current_rank
 from vllm_mlx.distributed.status import current as group_status
 from vllm_mlx.engine.embedding import LoadedEmbeddingModel
-from vllm_mlx.engine.engine import LoadedModel
 from vllm_mlx.engine.heap import keep_large_allocations_returnable
 from vllm_mlx.engine.registry import ModelEntry, ModelRegistry, Stoppable
 from vllm_mlx.engine.residency import ModelManager
@@ -42,6 +41,7 @@ from vllm_mlx.lifecycle import RequestTracker, remove_pid_file, write_pid_file
 from vllm_mlx.logging import configure_logging
 from vllm_mlx.model_metrics import ModelMetrics
 from vllm_mlx.models.footprint import estimated_bytes
+from vllm_mlx.models.loaded import LoadedModel
 from vllm_mlx.models.loader import load_model
 from vllm_mlx.reload import Change, Reloader, watch_config
 

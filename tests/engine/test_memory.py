@@ -12,8 +12,9 @@ import pytest
 
 from tests.engine.test_engine import complete, request
 from vllm_mlx.config import ModelSettings
-from vllm_mlx.engine.engine import Engine, LoadedModel
+from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.scheduler import SchedulerConfig
+from vllm_mlx.models.loaded import LoadedModel
 from vllm_mlx.models.loader import load_model
 
 CACHE_BOUND = 8 * 2**20

@@ -22,7 +22,7 @@ from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.distributed.lockstep import Channel, Follower, Leader
 from vllm_mlx.distributed.settings import DistributedSettings
 from vllm_mlx.distributed.status import GroupStatus, set_current
-from vllm_mlx.engine.engine import LoadedModel
+from vllm_mlx.models.loaded import LoadedModel
 
 log = structlog.get_logger(__name__)
 

@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 from vllm_mlx.engine.constraints import ConstraintCompiler
 from vllm_mlx.engine.scheduler import Scheduler, SchedulerConfig
@@ -19,22 +17,7 @@ from vllm_mlx.engine.types import (
     GenerationRequest,
     SequenceFinished,
 )
-
-
-@dataclass
-class LoadedModel:
-    """What a model source resolves to: weights in memory plus their tokenizer."""
-
-    name: str
-    model: Any  # mlx.nn.Module; kept opaque so this module needs no mlx import
-    tokenizer: Any  # mlx_lm TokenizerWrapper
-    context_length: int
-    directory: str
-    load_seconds: float = 0.0
-    # Test-only `replay:` sources: every request's output is forced to these tokens.
-    forced_tokens: tuple[int, ...] | None = None
-    # A model sharded over a distributed group: the scheduler's Lockstep (rank 0).
-    lockstep: Any = None
+from vllm_mlx.models.loaded import LoadedModel
 
 
 class Engine:

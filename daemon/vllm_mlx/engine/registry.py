@@ -13,8 +13,9 @@ import structlog
 from vllm_mlx.config import ModelSettings, Reload
 from vllm_mlx.config_model import loads_at_startup
 from vllm_mlx.engine.embedding import EmbeddingEngine, LoadedEmbeddingModel
-from vllm_mlx.engine.engine import Engine, LoadedModel
+from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.scheduler import SchedulerConfig
+from vllm_mlx.models.loaded import LoadedModel
 
 log = structlog.get_logger(__name__)
 

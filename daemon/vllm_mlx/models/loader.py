@@ -12,7 +12,7 @@ import structlog
 
 from vllm_mlx.config import EngineSettings, ModelSettings, Settings
 from vllm_mlx.engine.embedding import LoadedEmbeddingModel
-from vllm_mlx.engine.engine import LoadedModel
+from vllm_mlx.models.loaded import LoadedModel
 from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
 
 if TYPE_CHECKING:
