@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.cli import _serve_overrides, build_parser, main
+from vllm_mlx.cli import build_parser, main
 from vllm_mlx.config import EngineSettings
 from vllm_mlx.configfile import ConfigError, load_settings
 from vllm_mlx.daemon import scheduler_config
+from vllm_mlx.serve_flags import serve_overrides
 
 RAM = 16 * 2**30
 
@@ -75,11 +76,11 @@ def test_flags_set_the_keys_and_replace_the_files_bound(tmp_path: Path) -> None:
     path = tmp_path / "vllm-mlx.yaml"
     path.write_text("engine:\n  cache_memory_mb: 256\n")
     argv = ["serve", "--config", str(path), "--cache-memory-percent", "0.1", "--no-use-paged-cache"]
-    settings = load_settings(path, _serve_overrides(build_parser().parse_args(argv)))
+    settings = load_settings(path, serve_overrides(build_parser().parse_args(argv)))
     assert settings.engine.cache_memory_percent == 0.1 and settings.engine.cache_memory_mb is None
     assert settings.engine.use_paged_cache is False
     argv = ["serve", "--cache-memory-mb", "32", "--use-paged-cache"]
-    engine = load_settings(None, _serve_overrides(build_parser().parse_args(argv))).engine
+    engine = load_settings(None, serve_overrides(build_parser().parse_args(argv))).engine
     assert engine.prefix_cache_bytes(RAM) == 32 * 2**20 and engine.use_paged_cache is True
 
 

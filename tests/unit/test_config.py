@@ -211,7 +211,8 @@ def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_serve_flags_become_overrides() -> None:
-    from vllm_mlx.cli import _serve_overrides, build_parser
+    from vllm_mlx.cli import build_parser
+    from vllm_mlx.serve_flags import serve_overrides
 
     args = build_parser().parse_args(
         [
@@ -228,7 +229,7 @@ def test_serve_flags_become_overrides() -> None:
             "4",
         ]
     )
-    overrides = _serve_overrides(args)
+    overrides = serve_overrides(args)
     settings = load_settings(None, overrides)
     assert settings.server.port == 9100
     assert settings.engine.continuous_batching is False

@@ -146,10 +146,11 @@ def test_served_model_name_cannot_duplicate_an_id(
 
 
 def test_served_model_name_default_with_a_model_argument_is_allowed() -> None:
-    from vllm_mlx.cli import _serve_overrides, build_parser
+    from vllm_mlx.cli import build_parser
+    from vllm_mlx.serve_flags import serve_overrides
 
     args = build_parser().parse_args(["serve", BUILTIN, "--served-model-name", "default"])
-    (model,) = load_settings(None, _serve_overrides(args)).models
+    (model,) = load_settings(None, serve_overrides(args)).models
     assert (model.name, model.aliases) == ("default", [])
 
 

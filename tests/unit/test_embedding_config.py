@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.cli import _serve_overrides, _with_embedding_model, build_parser
+from vllm_mlx.cli import build_parser
 from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.configfile import ConfigError, LoadedConfig, load_config
 from vllm_mlx.models.embedding import (
@@ -16,6 +16,7 @@ from vllm_mlx.models.embedding import (
     pooling_of,
 )
 from vllm_mlx.models.sources import builtin_path
+from vllm_mlx.serve_flags import serve_overrides, with_embedding_model
 
 
 @pytest.fixture(autouse=True)
@@ -27,8 +28,8 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def serve(argv: list[str]) -> LoadedConfig:
     args = build_parser().parse_args(["serve", *argv])
-    loaded = load_config(None, _serve_overrides(args))
-    return _with_embedding_model(loaded, args.embedding_model)
+    loaded = load_config(None, serve_overrides(args))
+    return with_embedding_model(loaded, args.embedding_model)
 
 
 def test_defaults_serve_the_chat_and_the_embedding_model() -> None:
