@@ -27,6 +27,7 @@ from vllm_mlx.metrics import CONTENT_TYPE, MemorySample, ModelSample
 GIB = 1024**3
 # The seed's `status` words (a model still loading is "not_loaded"), and "failed".
 STATUS_WORDS = {
+    LoadState.LOADING: "loading",  # a first request waits on it (docs/models.md)
     LoadState.RUNNING: "running",
     LoadState.STOPPED: "stopped",
     LoadState.FAILED: "failed",
