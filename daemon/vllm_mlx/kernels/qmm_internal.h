@@ -1,9 +1,10 @@
-// What the instruction-set-specific tiles (qmm_avx2.cpp, qmm_avx512.cpp, qmm_neon.cpp) share with the
-// dispatcher in qmm_kernel.cpp.
+// What the instruction-set-specific tiles (qmm_avx2.cpp, qmm_avx512.cpp, qmm_neon.cpp)
+// share with the dispatcher in qmm_kernel.cpp.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "qmm_kernel.h"
@@ -32,5 +33,53 @@ float half_to_float(uint16_t h);
 void rows_avx2(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
 void rows_avx512(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
 void rows_neon(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
+
+// The row loop of the instruction sets with 4-row tiles (AVX2, NEON): one activation row
+// takes 4 output rows at a time; several take one output row and up to 4 activation rows.
+// `Tiles::run<BITS, MT, NT, ST>(p, xp, m0, n0)` computes one MT x NT tile.
+template <class Tiles, int BITS, ScaleType ST>
+void rows_by_4_tiles(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  if (p.M == 1) {
+    int n = n_begin;
+    for (; n + 4 <= n_end; n += 4) {
+      Tiles::template run<BITS, 1, 4, ST>(p, xp, 0, n);
+    }
+    for (; n < n_end; ++n) {
+      Tiles::template run<BITS, 1, 1, ST>(p, xp, 0, n);
+    }
+    return;
+  }
+  for (int n = n_begin; n < n_end; ++n) {
+    int m = 0;
+    for (; m + 4 <= p.M; m += 4) {
+      Tiles::template run<BITS, 4, 1, ST>(p, xp, m, n);
+    }
+    switch (p.M - m) {
+      case 3: Tiles::template run<BITS, 3, 1, ST>(p, xp, m, n); break;
+      case 2: Tiles::template run<BITS, 2, 1, ST>(p, xp, m, n); break;
+      case 1: Tiles::template run<BITS, 1, 1, ST>(p, xp, m, n); break;
+      default: break;
+    }
+  }
+}
+
+// rows_by_4_tiles for the problem's bits and scale type.
+template <class Tiles>
+void rows_with_tiles(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  auto typed = [&](auto bits) {
+    constexpr int B = decltype(bits)::value;
+    auto rows = [&]<ScaleType ST>() { rows_by_4_tiles<Tiles, B, ST>(p, xp, n_begin, n_end); };
+    switch (p.scale_type) {
+      case ScaleType::f32: rows.template operator()<ScaleType::f32>(); break;
+      case ScaleType::f16: rows.template operator()<ScaleType::f16>(); break;
+      case ScaleType::bf16: rows.template operator()<ScaleType::bf16>(); break;
+    }
+  };
+  if (p.bits == 4) {
+    typed(std::integral_constant<int, 4>{});
+  } else {
+    typed(std::integral_constant<int, 8>{});
+  }
+}
 
 } // namespace vllm_mlx_kernels

@@ -102,49 +102,17 @@ void tile_neon(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
   }
 }
 
-template <int BITS, ScaleType ST>
-void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-  if (p.M == 1) {
-    int n = n_begin;
-    for (; n + 4 <= n_end; n += 4) {
-      tile_neon<BITS, 1, 4, ST>(p, xp, 0, n);
-    }
-    for (; n < n_end; ++n) {
-      tile_neon<BITS, 1, 1, ST>(p, xp, 0, n);
-    }
-    return;
+struct NeonTiles {
+  template <int BITS, int MT, int NT, ScaleType ST>
+  static void run(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
+    tile_neon<BITS, MT, NT, ST>(p, xp, m0, n0);
   }
-  for (int n = n_begin; n < n_end; ++n) {
-    int m = 0;
-    for (; m + 4 <= p.M; m += 4) {
-      tile_neon<BITS, 4, 1, ST>(p, xp, m, n);
-    }
-    switch (p.M - m) {
-      case 3: tile_neon<BITS, 3, 1, ST>(p, xp, m, n); break;
-      case 2: tile_neon<BITS, 2, 1, ST>(p, xp, m, n); break;
-      case 1: tile_neon<BITS, 1, 1, ST>(p, xp, m, n); break;
-      default: break;
-    }
-  }
-}
-
-template <int BITS>
-void rows_bits(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-  switch (p.scale_type) {
-    case ScaleType::f32: rows_typed<BITS, ScaleType::f32>(p, xp, n_begin, n_end); break;
-    case ScaleType::f16: rows_typed<BITS, ScaleType::f16>(p, xp, n_begin, n_end); break;
-    case ScaleType::bf16: rows_typed<BITS, ScaleType::bf16>(p, xp, n_begin, n_end); break;
-  }
-}
+};
 
 } // namespace
 
 void rows_neon(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-  if (p.bits == 4) {
-    rows_bits<4>(p, xp, n_begin, n_end);
-  } else {
-    rows_bits<8>(p, xp, n_begin, n_end);
-  }
+  rows_with_tiles<NeonTiles>(p, xp, n_begin, n_end);
 }
 
 } // namespace vllm_mlx_kernels
