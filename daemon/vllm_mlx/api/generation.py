@@ -10,13 +10,12 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from vllm_mlx.api.errors import APIError, bad_request, model_not_found, to_api_error
-from vllm_mlx.api.model_control import acquire
+from vllm_mlx.api.errors import bad_request, to_api_error
+from vllm_mlx.api.model_control import acquire, served_entry
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.output import OutputEvent, RequestTrace, generate_text
-from vllm_mlx.engine.registry import LoadState
 from vllm_mlx.engine.types import (
     Finished,
     FinishReason,
@@ -52,12 +51,7 @@ class Target:
 
 async def resolve_target(state: ServerState, model_id: str) -> Target:
     """The model's engine, loaded first when needed, held until the response is over."""
-    settings = state.settings
-    if state.draining:
-        raise APIError(503, "the server is shutting down", "unavailable", code="shutting_down")
-    entry = state.registry.resolve(model_id)
-    if entry is None:
-        raise model_not_found(model_id)
+    entry = served_entry(state, model_id)
     if entry.settings.task == "embed":
         raise bad_request(
             f"model '{model_id}' is an embedding model: it serves POST /v1/embeddings only, "
@@ -66,15 +60,12 @@ async def resolve_target(state: ServerState, model_id: str) -> Target:
             "model_not_generative",
         )
     await acquire(state, entry, model_id)
-    if entry.state is not LoadState.RUNNING or entry.engine is None:
-        raise APIError(
-            503, f"model '{model_id}' is {entry.state.value}", "unavailable", code="model_not_ready"
-        )
+    assert entry.engine is not None  # acquire: running, and a generation model's runner
     scheduler = entry.engine.scheduler
     if scheduler.on_step is None:
         # Steps only happen for submitted requests, so hooking here misses none.
         scheduler.on_step = state.metrics.step_hook(entry.settings.name)
-    return Target(model_id, entry.engine, settings, entry.settings.name, state.metrics)
+    return Target(model_id, entry.engine, state.settings, entry.settings.name, state.metrics)
 
 
 def new_request_id(prefix: str) -> str:

@@ -14,7 +14,7 @@ from litestar import Request, post
 from vllm_mlx.api.errors import APIError, model_not_found
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.engine.footprint import footprint
-from vllm_mlx.engine.registry import ModelEntry
+from vllm_mlx.engine.registry import LoadState, ModelEntry
 from vllm_mlx.engine.residency import (
     ModelBusyError,
     ModelCapacityError,
@@ -31,9 +31,24 @@ def manager_of(state: ServerState) -> ModelManager:
     return state.residency
 
 
+def served_entry(state: ServerState, model_id: str) -> ModelEntry:
+    """The model a request names: 503 while the daemon drains, 404 for an unknown id."""
+    if state.draining:
+        raise APIError(503, "the server is shutting down", "unavailable", code="shutting_down")
+    entry = state.registry.resolve(model_id)
+    if entry is None:
+        raise model_not_found(model_id)
+    return entry
+
+
 async def acquire(state: ServerState, entry: ModelEntry, model_id: str) -> None:
-    """Hold `entry` for this request, loading it first when it is not in memory."""
+    """Hold `entry` for this request, loading it first when it is not in memory; 503
+    when it still cannot serve (failed, or stopped meanwhile)."""
     await _load(state, entry, model_id, hold=True)
+    if entry.state is not LoadState.RUNNING or entry.runner is None:
+        raise APIError(
+            503, f"model '{model_id}' is {entry.state.value}", "unavailable", code="model_not_ready"
+        )
 
 
 async def _load(state: ServerState, entry: ModelEntry, model_id: str, hold: bool) -> None:

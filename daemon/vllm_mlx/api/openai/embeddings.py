@@ -19,9 +19,9 @@ import structlog
 from litestar import Request, Response, post
 
 from vllm_mlx.api.common import parse_body, server_state
-from vllm_mlx.api.errors import APIError, bad_request, model_not_found
+from vllm_mlx.api.errors import APIError, bad_request
 from vllm_mlx.api.generation import new_request_id
-from vllm_mlx.api.model_control import acquire
+from vllm_mlx.api.model_control import acquire, served_entry
 from vllm_mlx.api.openai.embedding_schema import (
     MAX_INPUTS,
     EmbeddingItem,
@@ -31,7 +31,6 @@ from vllm_mlx.api.openai.embedding_schema import (
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config import ModelSettings
 from vllm_mlx.engine.embedding import EmbeddingEngine
-from vllm_mlx.engine.registry import LoadState
 
 ROUTE = "/v1/embeddings"
 INPUT_SHAPES = "a string, an array of strings, an array of token ids or an array of token-id arrays"
@@ -48,11 +47,7 @@ class EmbeddingTarget:
 
 
 async def resolve_embedder(state: ServerState, model_id: str) -> EmbeddingTarget:
-    if state.draining:
-        raise APIError(503, "the server is shutting down", "unavailable", code="shutting_down")
-    entry = state.registry.resolve(model_id)
-    if entry is None:
-        raise model_not_found(model_id)
+    entry = served_entry(state, model_id)
     if entry.settings.task != "embed":
         served = [e.settings.name for e in state.registry.entries() if e.settings.task == "embed"]
         hint = f" (embedding models: {', '.join(served)})" if served else ""
@@ -63,10 +58,7 @@ async def resolve_embedder(state: ServerState, model_id: str) -> EmbeddingTarget
             "model_not_embedding",
         )
     await acquire(state, entry, model_id)
-    if entry.state is not LoadState.RUNNING or entry.embedder is None:
-        raise APIError(
-            503, f"model '{model_id}' is {entry.state.value}", "unavailable", code="model_not_ready"
-        )
+    assert entry.embedder is not None  # acquire: running, and an embedding model's runner
     return EmbeddingTarget(model_id, entry.settings.name, entry.embedder, entry.settings)
 
 
