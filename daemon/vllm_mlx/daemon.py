@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import structlog
 from granian.constants import Interfaces
 from granian.server.embed import Server
 
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.app import create_app
-from vllm_mlx.config import EngineSettings, ModelSettings, Reload, Settings
+from vllm_mlx.config import ModelSettings, Reload, Settings
 from vllm_mlx.configfile import LoadedConfig
 from vllm_mlx.distributed.launcher import current_rank
 from vllm_mlx.distributed.status import current as group_status
@@ -36,7 +35,7 @@ from vllm_mlx.engine.embedding import LoadedEmbeddingModel
 from vllm_mlx.engine.heap import keep_large_allocations_returnable
 from vllm_mlx.engine.registry import ModelEntry, ModelRegistry, Stoppable
 from vllm_mlx.engine.residency import ModelManager
-from vllm_mlx.engine.scheduler import SchedulerConfig
+from vllm_mlx.engine.scheduler_state import scheduler_config
 from vllm_mlx.lifecycle import RequestTracker, remove_pid_file, write_pid_file
 from vllm_mlx.logging import configure_logging
 from vllm_mlx.model_metrics import ModelMetrics
@@ -50,21 +49,6 @@ log = structlog.get_logger(__name__)
 # After the drain timeout the remaining generations are aborted; this is how long their
 # responses get to send that ending before the listener closes.
 ABORT_GRACE_S = 5.0
-
-
-def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
-    cache_bytes = engine.prefix_cache_bytes(psutil.virtual_memory().total)
-    paged = engine.use_paged_cache
-    if not engine.continuous_batching:
-        # Simple mode: one sequence at a time; the rest wait in the generator's queue.
-        return SchedulerConfig(1, 1, engine.prefill_step_size, cache_bytes, paged)
-    return SchedulerConfig(
-        engine.max_batch_size,
-        engine.prefill_batch_size,
-        engine.prefill_step_size,
-        cache_bytes,
-        paged,
-    )
 
 
 class ListenerFailedError(RuntimeError):

@@ -121,9 +121,9 @@ def in_group() -> bool:
 
 def run_follower(rank: Rank, settings: Settings) -> int:
     """Ranks > 0: load the shard, then step in lockstep with rank 0 until told to stop."""
-    from vllm_mlx.daemon import scheduler_config
     from vllm_mlx.distributed.follower import follow
     from vllm_mlx.engine.scheduler import Scheduler
+    from vllm_mlx.engine.scheduler_state import scheduler_config
     from vllm_mlx.models.loader import load_model
 
     cache_dir = settings.resolved_cache_dir()

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psutil
 
 from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import Fault, Sampler
+
+if TYPE_CHECKING:
+    from vllm_mlx.config import EngineSettings
+
 from vllm_mlx.engine.types import EngineEvent, FinishReason, GenerationRequest, TokenLogprob
 
 EventSink = Callable[[EngineEvent], None]
@@ -122,3 +128,19 @@ def describe(slot: Slot, now: float) -> dict[str, Any]:
         "progress": round(min(1.0, progress), 4),
         "elapsed_s": round(now - request.arrived_at, 3),
     }
+
+
+def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
+    """The engine section as the scheduler takes it (the cache bound resolved in bytes)."""
+    cache_bytes = engine.prefix_cache_bytes(psutil.virtual_memory().total)
+    paged = engine.use_paged_cache
+    if not engine.continuous_batching:
+        # Simple mode: one sequence at a time; the rest wait in the generator's queue.
+        return SchedulerConfig(1, 1, engine.prefill_step_size, cache_bytes, paged)
+    return SchedulerConfig(
+        engine.max_batch_size,
+        engine.prefill_batch_size,
+        engine.prefill_step_size,
+        cache_bytes,
+        paged,
+    )
