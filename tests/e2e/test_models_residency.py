@@ -303,6 +303,8 @@ def test_model_control_errors(daemon: DaemonProcess) -> None:
     reboot = f"{daemon.base_url}/v1/models/alpha/reboot"
     wrong = httpx.post(reboot, headers=AUTH, json={}, timeout=10)
     assert wrong.status_code == 404 and "load or /unload" in wrong.json()["error"]["message"]
+    bodyless = httpx.post(reboot, headers=AUTH, timeout=10)  # as curl -X POST sends it
+    assert bodyless.status_code == 404 and "load or /unload" in bodyless.text
     assert control(daemon, "delta", "unload").json()["changed"] is False  # not loaded
 
 

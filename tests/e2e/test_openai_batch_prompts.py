@@ -109,6 +109,9 @@ def test_streamed_batch_finishes_every_choice_and_counts_usage(daemon: DaemonPro
         (["a", ""], "prompt"),
         ([[1, 2], [3, 10**9]], "prompt[1]"),
         (["a", [1, 2]], "prompt"),
+        ([[1, [2]]], "prompt"),
+        ([True, 1], "prompt"),
+        ([None], "prompt"),
     ],
 )
 def test_bad_batches_are_refused_naming_the_prompt(
@@ -122,3 +125,4 @@ def test_bad_batches_are_refused_naming_the_prompt(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"].startswith(param)
+    assert "Input should be" not in error["message"]  # our words, naming what is allowed

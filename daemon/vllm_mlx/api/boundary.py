@@ -116,8 +116,9 @@ def content_type_refusal(
 
 
 def _bodyless_control(path: str, headers: Mapping[str, str]) -> bool:
-    """`POST /v1/models/{id}/load|unload` takes no body (`curl -X POST URL` works)."""
-    control = path.startswith("/v1/models/") and path.endswith(("/load", "/unload"))
+    """`POST /v1/models/{id}/load|unload` takes no body (`curl -X POST URL` works); any
+    other bodyless POST there reaches the route too, which names the valid actions."""
+    control = path.startswith("/v1/models/")
     empty = headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers
     return control and empty
 

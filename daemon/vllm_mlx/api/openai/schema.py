@@ -205,6 +205,28 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: int | None = Field(None, ge=0, le=20)
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        # Checked before the union, whose own error names only its first member
+        # ("prompt.str: Input should be a valid string").
+        def token(item: Any) -> bool:
+            return isinstance(item, int) and not isinstance(item, bool)
+
+        def ids(item: Any) -> bool:
+            return isinstance(item, list) and all(token(t) for t in item)
+
+        if value is None or isinstance(value, str) or ids(value):
+            return value
+        if isinstance(value, list) and (
+            all(isinstance(v, str) for v in value) or all(ids(v) for v in value)
+        ):
+            return value
+        raise ValueError(
+            "prompt must be a string, an array of token ids, an array of strings or an "
+            "array of token-id arrays"
+        )
+
     @field_validator("prompt")
     @classmethod
     def _no_empty_prompt(
