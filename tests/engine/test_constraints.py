@@ -36,7 +36,7 @@ from vllm_mlx.engine.types import (
 )
 from vllm_mlx.models.loader import load_model
 
-HOT = SamplingParams(temperature=1.0)
+HOT = SamplingParams(temperature=1.0, seed=1234)  # hot but reproducible
 
 
 @pytest.fixture(scope="module")
