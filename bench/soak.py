@@ -116,7 +116,8 @@ async def _sampler(url: str, pid: int, started: float, every_s: float, stop: asy
     while not stop.is_set():
         samples.append(await asyncio.to_thread(_sample, url, pid, started))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every_s)
+            async with asyncio.timeout(every_s):
+                await stop.wait()
 
 
 async def _drive(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -78,7 +78,8 @@ class RequestTracker:
             if remaining is not None and remaining <= 0:
                 return False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
         return True
 
 

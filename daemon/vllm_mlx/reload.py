@@ -303,7 +303,8 @@ async def watch_config(path: Path, on_change: Callable[[], object], stop: asynci
                 log.error("config watcher failed; retrying", error=str(exc))
             failing = True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), WATCH_RETRY_S)
+                async with asyncio.timeout(WATCH_RETRY_S):
+                    await stop.wait()
 
 
 def _dir_ids(dirs: set[Path]) -> set[tuple[Path, int]]:

@@ -68,7 +68,8 @@ def test_wait_started_before_ignores_later_requests() -> None:
         await asyncio.sleep(0.01)
         assert not waiter.done()
         app.release["/old"].set()
-        assert await asyncio.wait_for(waiter, 5)
+        async with asyncio.timeout(5):
+            assert await waiter
         assert tracker.in_flight() == 1  # the newer request still runs
         app.release["/new"].set()
         await asyncio.gather(old, new)

@@ -47,7 +47,9 @@ async def off_loop(
     """
     future = _POOL.submit(functools.partial(_counted, metrics, functools.partial(fn, *args)))
     try:
-        result: T = await asyncio.wait_for(future, limit_s)
+        # asyncio.timeout, not wait_for: wait_for on 3.11 can swallow a cancellation.
+        async with asyncio.timeout(limit_s):
+            result: T = await asyncio.wrap_future(future)
         return result
     except TimeoutError:
         raise APIError(

@@ -143,7 +143,9 @@ class EmbeddingEngine:
         try:
             if deadline is None:
                 return await future
-            return await asyncio.wait_for(future, max(deadline - time.monotonic(), 0.0))
+            # asyncio.timeout, not wait_for: wait_for on 3.11 can swallow a cancellation.
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                return await future
         finally:
             job.cancelled = True  # a no-op when finished; otherwise its batches are skipped
 

@@ -90,7 +90,11 @@ class Engine:
                     remaining = request.deadline - time.monotonic()
                     if remaining <= 0:
                         raise TimeoutError(request.request_id)
-                    event = await asyncio.wait_for(events.get(), remaining)
+                    # Not asyncio.wait_for: on Python 3.11 it drops a cancellation that
+                    # lands as the event arrives (CPython gh-86296), and a client that
+                    # hung up just as a token came would keep its generation running.
+                    async with asyncio.timeout(remaining):
+                        event = await events.get()
                 if isinstance(event, SequenceFinished):
                     finished = True
                 yield event

@@ -112,7 +112,8 @@ class ServerSupervisor:
             # connecting or waiting to retry has nothing to close: cancel it at once.
             grace = STOP_GRACE_S if self.state is ServerState.READY else 0
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), grace)
+                async with asyncio.timeout(grace):
+                    await asyncio.shield(self._task)
             except (TimeoutError, Exception):
                 self._task.cancel()
                 with contextlib.suppress(BaseException):
@@ -160,7 +161,8 @@ class ServerSupervisor:
             if time.monotonic() - started > BACKOFF_MAX_S:
                 delay = BACKOFF_START_S  # it served for a while: a fresh failure
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stop.wait()
             delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _session(self) -> None:
@@ -179,7 +181,8 @@ class ServerSupervisor:
                 ready.set()
                 while not self._wake.is_set():
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), PROBE_EVERY_S)
+                        async with asyncio.timeout(PROBE_EVERY_S):
+                            await self._wake.wait()
                     if not self._wake.is_set():
                         await self._list_tools(client)  # raises when the server is gone
 
