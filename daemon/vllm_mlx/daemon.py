@@ -229,26 +229,26 @@ class Daemon:
     async def _apply_full(self, new: Settings, changes: list[Change]) -> None:
         """Load what changed beside what serves, then switch; raise to change nothing."""
         kinds = {c.kind for c in changes}
-        entries: dict[str, ModelEntry] | None = None
-        if Reload.MODEL in kinds:
-            # A model-level key outside `models` (engine, paths) changes every engine.
-            reuse = all(c.key.startswith("models") for c in changes if c.kind is Reload.MODEL)
-            log.info("loading models for reload", models=[m.name for m in new.models])
-            entries = await asyncio.to_thread(
-                self.registry.prepare,
-                new.models,
-                scheduler_config(new.engine),
-                model_loader(new),
-                reuse,
-            )
-        try:
+        if Reload.MODEL not in kinds:
             if Reload.RESTART in kinds:
                 await self._rebind(new)
-        except Exception:
-            if entries is not None:
+            return
+        # A model-level key outside `models` (engine, paths) changes every engine.
+        reuse = all(c.key.startswith("models") for c in changes if c.kind is Reload.MODEL)
+        config = scheduler_config(new.engine)
+        planned = self.registry.to_load(new.models, reuse)
+        # The new engines load beside the serving ones: the budget must hold both.
+        async with self.residency.reload_room(new, planned, config):
+            log.info("loading models for reload", models=[m.name for m in planned])
+            entries = await asyncio.to_thread(
+                self.registry.prepare, new.models, config, model_loader(new), reuse
+            )
+            try:
+                if Reload.RESTART in kinds:
+                    await self._rebind(new)
+            except Exception:
                 self._discard(entries)
-            raise
-        if entries is not None:
+                raise
             self._swap_engines(entries, new)
 
     def _discard(self, entries: dict[str, ModelEntry]) -> None:

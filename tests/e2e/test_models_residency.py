@@ -11,6 +11,7 @@ depend on each other's order.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -332,3 +333,49 @@ def test_the_cli_shows_and_controls_the_running_daemon(daemon: DaemonProcess) ->
         [*base, "unload", "nope", *config], capture_output=True, text=True, timeout=120
     )
     assert missing.returncode == 1 and "404" in missing.stderr
+
+
+def reloads(daemon: DaemonProcess) -> float:
+    """Reloads finished so far, failed or not (vllm_mlx_config_reloads_total)."""
+    samples = scrape(daemon, AUTH)
+    name = "vllm_mlx_config_reloads_total"
+    return value(samples, name, result="success") + value(samples, name, result="failure")
+
+
+def full_reload(daemon: DaemonProcess, change: dict[str, Any]) -> dict[str, Any]:
+    """Edit a model key (a change the file watcher leaves pending), then SIGHUP; the
+    config block of /v1/status once that reload has finished, failed or not."""
+    edit_config(daemon, change)
+    wait_for(lambda: status(daemon)["config"]["pending_changes"], 30, "the change to be pending")
+    done = reloads(daemon)
+    daemon.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: reloads(daemon) > done, 120, "the reload to finish")
+    config: dict[str, Any] = status(daemon)["config"]
+    return config
+
+
+def test_a_full_reload_makes_room_under_the_budget_or_changes_nothing(
+    daemon: DaemonProcess,
+) -> None:
+    only_loaded(daemon, "bravo", "alpha")  # ~204 of 280 MiB; bravo is the LRU
+    # As float32 alpha's new engine (~600 MiB) cannot fit beside anything: refused whole.
+    config = full_reload(daemon, {"alpha": {"dtype": "float32"}})
+    try:
+        assert "memory budget" in config["last_error"] and "alpha" in config["last_error"]
+        assert states(daemon)["alpha"] == states(daemon)["bravo"] == "running"
+        assert chat(daemon, "alpha").choices[0].message.content is not None
+    finally:
+        edit_config(daemon, {"alpha": {"dtype": "auto"}})
+        wait_for(lambda: not status(daemon)["config"]["pending_changes"], 30, "file reverted")
+    # A new alpha engine (~126 MiB estimated) beside the old one needs bravo's room.
+    evicted = metric(daemon, "vllm_mlx_model_evictions_total", model_name="bravo")
+    config = full_reload(daemon, {"alpha": {"context_length": 4096}})
+    try:
+        assert config["last_error"] is None and config["pending_changes"] == []
+        assert states(daemon)["alpha"] == "running" and states(daemon)["bravo"] == "not_loaded"
+        assert metric(daemon, "vllm_mlx_model_evictions_total", model_name="bravo") == (
+            evicted + 1
+        )
+        assert chat(daemon, "alpha").choices[0].message.content is not None
+    finally:
+        full_reload(daemon, {"alpha": {"context_length": None}})

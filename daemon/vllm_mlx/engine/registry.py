@@ -105,6 +105,21 @@ class ModelRegistry:
             raise
         entry.engine, entry.embedder, entry.state = engine, embedder, LoadState.RUNNING
 
+    def to_load(self, models: Sequence[ModelSettings], reuse: bool = True) -> list[ModelSettings]:
+        """The models `prepare` would load now (the memory a full reload adds)."""
+        return [m for i, m in enumerate(models) if self._plan(models, i, reuse) == "load"]
+
+    def _plan(self, models: Sequence[ModelSettings], index: int, reuse: bool) -> str:
+        """keep (same engine), defer (stays out of memory until asked for) or load."""
+        model = models[index]
+        old = self._entries.get(model.name)
+        if reuse and old is not None and old.runner is not None and _same_model(old, model):
+            return "keep"
+        startup = loads_at_startup(list(models), index)
+        if (old is None and not startup) or (old is not None and old.runner is None):
+            return "defer"  # not in memory now: an on-demand model stays out until asked for
+        return "load"
+
     def prepare(
         self,
         models: Sequence[ModelSettings],
@@ -122,23 +137,22 @@ class ModelRegistry:
         entries: dict[str, ModelEntry] = {}
         try:
             for index, model in enumerate(models):
-                old = current.get(model.name)
-                if reuse and old is not None and old.runner is not None and _same_model(old, model):
+                plan = self._plan(models, index, reuse)
+                startup = loads_at_startup(list(models), index)
+                if plan == "keep":
                     # The same entry, so its in-flight count holds; only hot fields differ.
+                    old = current[model.name]
                     old.settings = model
                     entries[model.name] = old
-                    continue
-                startup = loads_at_startup(list(models), index)
-                if (old is None and not startup) or (old is not None and old.runner is None):
-                    # Not in memory now: an on-demand model stays out until asked for.
+                elif plan == "defer":
                     entries[model.name] = ModelEntry(model, startup=startup)
-                    continue
-                loaded = loader(model)
-                engine, embedder = start_engine(loaded, scheduler_config)
-                entries[model.name] = ModelEntry(
-                    model, LoadState.RUNNING, engine, embedder=embedder, startup=startup
-                )
-                measure(entries[model.name], loaded)
+                else:
+                    loaded = loader(model)
+                    engine, embedder = start_engine(loaded, scheduler_config)
+                    entries[model.name] = ModelEntry(
+                        model, LoadState.RUNNING, engine, embedder=embedder, startup=startup
+                    )
+                    measure(entries[model.name], loaded)
         except Exception:
             for name, entry in entries.items():
                 runner = entry.runner

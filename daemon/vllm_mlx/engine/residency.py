@@ -17,7 +17,7 @@ import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import psutil
 import structlog
@@ -25,6 +25,7 @@ import structlog
 from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.engine.footprint import footprint, free_memory, is_busy, planned_prefix_cache_bound
 from vllm_mlx.engine.registry import Loader, LoadState, ModelEntry, ModelRegistry
+from vllm_mlx.engine.scheduler_state import SchedulerConfig
 from vllm_mlx.model_metrics import ModelMetrics
 
 log = structlog.get_logger(__name__)
@@ -95,8 +96,9 @@ class ModelCapacityError(Exception):
     def __init__(self, model: str, need: int, budget: int, holders: list[tuple[str, int]]):
         self.model, self.need, self.budget, self.holders = model, need, budget, holders
         held = ", ".join(f"{name} ({size / MIB:.0f} MiB)" for name, size in holders) or "none"
+        what = f"models '{model}' need" if ", " in model else f"model '{model}' needs"
         super().__init__(
-            f"model '{model}' needs about {need / MIB:.0f} MiB but the memory budget is "
+            f"{what} about {need / MIB:.0f} MiB but the memory budget is "
             f"{budget / MIB:.0f} MiB and the models holding it are busy or pinned: {held}"
         )
 
@@ -268,21 +270,48 @@ class ModelManager:
         if not estimate:
             estimate = await asyncio.to_thread(self._estimate, entry.settings)
         planned = planned_prefix_cache_bound(entry.settings, self.registry.scheduler_config)
-        need = (estimate or 0) + planned
         others = [e for e in self.registry.entries() if e is not entry and e.runner is not None]
-        used = sum(footprint(e).total for e in others)
+        await self._evict_for(entry.settings.name, (estimate or 0) + planned, budget, others)
+
+    async def _evict_for(
+        self, name: str, need: int, budget: int, loaded: list[ModelEntry]
+    ) -> None:
+        """Unload idle unpinned models (least recently used first) until `need` more
+        bytes fit beside `loaded`; ModelCapacityError, unloading nothing, when they
+        cannot."""
+        used = sum(footprint(e).total for e in loaded)
         if used + need <= budget:
             return
-        victims = self._victims(others)
+        victims = self._victims(loaded)
         freeable = sum(footprint(e).total for e in victims)
         if need > budget or used - freeable + need > budget:
-            holders = [(e.settings.name, footprint(e).total) for e in others if e not in victims]
-            raise ModelCapacityError(entry.settings.name, need, budget, holders)
-        for victim in victims:  # least recently used first
+            holders = [(e.settings.name, footprint(e).total) for e in loaded if e not in victims]
+            raise ModelCapacityError(name, need, budget, holders)
+        for victim in victims:
             if used + need <= budget:
                 break
             used -= footprint(victim).total
             await self._unload(victim, "evicted")
+
+    @contextlib.asynccontextmanager
+    async def reload_room(
+        self, new: Settings, models: list[ModelSettings], config: SchedulerConfig
+    ) -> AsyncIterator[None]:
+        """Room under `new`'s budget for a full reload to load `models` beside the
+        engines serving now (both stay in memory until the swap), evicting idle models
+        if needed. No other load runs until the block ends; ModelCapacityError when
+        the reload cannot fit, so the daemon keeps its current config."""
+        async with self._lock:
+            budget = new.memory.budget_bytes(psutil.virtual_memory().total)
+            if budget is not None and models:
+                need = 0
+                for model in models:
+                    estimate = await asyncio.to_thread(self._estimate, model)
+                    need += (estimate or 0) + planned_prefix_cache_bound(model, config)
+                loaded = [e for e in self.registry.entries() if e.runner is not None]
+                names = ", ".join(m.name for m in models)
+                await self._evict_for(names, need, budget, loaded)
+            yield
 
     def _victims(self, loaded: list[ModelEntry]) -> list[ModelEntry]:
         idle = [e for e in loaded if not is_busy(e) and not self.model_settings(e).pin]
