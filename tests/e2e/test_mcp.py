@@ -309,6 +309,18 @@ def test_execute_on_a_messages_stream(daemon: DaemonProcess) -> None:
     ]
     assert message.stop_reason == "tool_use"
     assert message.usage.output_tokens > 0
+    # The client sends the reply back as the SDK kept it (executed calls and their
+    # results included) with its own result for the last call: the next turn runs.
+    last = message.content[-1]
+    assert last.type == "tool_use"
+    history = [
+        *ask,
+        {"role": "assistant", "content": message.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": last.id,
+                                      "content": "5"}]},
+    ]  # fmt: skip
+    follow = client.messages.create(model="exec", max_tokens=8, messages=history)  # type: ignore[arg-type]
+    assert follow.role == "assistant" and follow.usage.input_tokens > 0
 
 
 def test_execute_runs_mcp_calls_until_max_tool_rounds(client: openai.OpenAI) -> None:

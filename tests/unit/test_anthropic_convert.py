@@ -102,6 +102,68 @@ def test_tool_result_must_answer_the_previous_assistant_turn() -> None:
     assert "toolu_1" in rejected(messages=[*later, tool_result("y")]).message
 
 
+def _executed(tool_use_id: str, text: str) -> dict[str, Any]:
+    content = [{"type": "text", "text": text}]
+    return {"type": "mcp_tool_result", "tool_use_id": tool_use_id, "content": content}
+
+
+def _use(tool_use_id: str, **extra: Any) -> dict[str, Any]:
+    block = {"type": "tool_use", "id": tool_use_id, "name": "demo__add", "input": {"a": 2}}
+    return {**block, **extra}
+
+
+def test_a_streamed_execute_reply_sent_back_renders_calls_results_and_text_in_order() -> None:
+    # As `mcp_tools: execute` streams it: executed calls (marked `mcp`) each followed by
+    # its result, then the text after it and a last call the client must answer.
+    reply = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Adding."},
+            _use("toolu_a", mcp={"server": "demo"}),
+            _executed("toolu_a", "5"),
+            {"type": "text", "text": "Again."},
+            {"type": "mcp_tool_use", "id": "toolu_b", "name": "demo__add", "server_name": "demo"},
+            _executed("toolu_b", "7"),
+            _use("toolu_c"),
+        ],
+    }
+    chat = prompt(messages=[ASK, reply, tool_result("9", "toolu_c")])
+    shape = [(m["role"], m.get("content"), [c["id"] for c in m.get("tool_calls", [])])
+             for m in chat.messages]  # fmt: skip
+    assert shape == [
+        ("user", "Weather in Paris?", []),
+        ("assistant", "Adding.", ["toolu_a"]),
+        ("tool", "5", []),
+        ("assistant", "Again.", ["toolu_b"]),
+        ("tool", "7", []),
+        ("assistant", "", ["toolu_c"]),
+        ("tool", "9", []),
+    ]
+    # Every executed call answered: the model goes on from the last result.
+    done = {"role": "assistant", "content": [_use("toolu_a"), _executed("toolu_a", "5")]}
+    assert prompt(messages=[ASK, done]).messages[-1]["role"] == "tool"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ([_executed("toolu_x", "5")], "toolu_x"),  # no call before it
+        ([_use("toolu_a"), _executed("toolu_a", "5"), _executed("toolu_a", "6")], "toolu_a"),
+    ],
+)
+def test_an_mcp_tool_result_must_follow_its_own_call(
+    content: list[dict[str, Any]], needle: str
+) -> None:
+    error = rejected(messages=[ASK, {"role": "assistant", "content": content}])
+    assert needle in error.message and "mcp_tool_result" in error.message
+    # A server-run result never answers a call from the user's side.
+    answered = [ASK, CALL, {"role": "user", "content": [_executed("toolu_1", "5")]}]
+    assert "assistant messages" in rejected(messages=answered).message
+    # A call already answered by its mcp_tool_result is not open for a tool_result.
+    closed = {"role": "assistant", "content": [_use("toolu_a"), _executed("toolu_a", "5")]}
+    assert "toolu_a" in rejected(messages=[ASK, closed, tool_result("5", "toolu_a")]).message
+
+
 @pytest.mark.parametrize(
     "content",
     [

@@ -12,21 +12,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from vllm_mlx.api.anthropic.conversation import conversation, is_prefill
 from vllm_mlx.api.anthropic.schema import (
-    DocumentBlock,
     ErrorResponse,
-    ImageBlock,
-    InputMessage,
     MessagesRequest,
     ModelInfo,
     ModelList,
     PromptFields,
-    RedactedThinkingBlock,
     TextBlock,
-    ThinkingBlock,
     Tool,
-    ToolResultBlock,
-    ToolUseBlock,
 )
 from vllm_mlx.api.chat_template import render_chat
 from vllm_mlx.api.errors import APIError, bad_request
@@ -92,8 +86,8 @@ class ChatPrompt:
 def build_prompt(request: PromptFields) -> ChatPrompt:
     offered = offered_tools(request)
     choice = request.tool_choice
-    messages = _conversation(request.messages)
-    continue_final = _is_prefill(messages)
+    messages = conversation(request.messages)
+    continue_final = is_prefill(messages)
     system = "\n\n".join(
         part for part in (_system_text(request), _tool_instruction(request, offered)) if part
     )
@@ -187,117 +181,6 @@ def _template_tool(tool: Tool) -> dict[str, Any]:
     if tool.description:
         function["description"] = tool.description
     return {"type": "function", "function": function}
-
-
-def _conversation(messages: list[InputMessage]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    open_calls: dict[str, str] = {}  # tool_use id -> name, from the previous assistant turn
-    for index, message in enumerate(messages):
-        if message.role == "system":
-            continue  # part of the system prompt (_system_text)
-        if message.role == "assistant":
-            item, open_calls = _assistant_message(message, index)
-            out.append(item)
-        else:
-            out.extend(_user_messages(message, index, open_calls))
-            open_calls = {}
-    return out
-
-
-def _is_prefill(messages: list[dict[str, Any]]) -> bool:
-    """A final assistant turn is a prefill the reply continues (Anthropic semantics)."""
-    if not messages or messages[-1]["role"] != "assistant":
-        return False
-    last = messages[-1]
-    if last.get("tool_calls"):
-        raise bad_request(
-            "the last message is an assistant turn with tool_use blocks; send their "
-            "tool_result blocks in a following user message",
-            f"messages[{len(messages) - 1}]",
-        )
-    if not last["content"]:
-        messages.pop()  # an empty prefill constrains nothing: answer a normal new turn
-        return False
-    return True
-
-
-def _unsupported(block: ImageBlock | DocumentBlock, where: str) -> APIError:
-    what = "images" if isinstance(block, ImageBlock) else "documents"
-    # Anthropic errors have no param field: the location goes into the message.
-    return bad_request(f"{where}: model does not accept {what}", where, "unsupported_content")
-
-
-def _assistant_message(message: InputMessage, index: int) -> tuple[dict[str, Any], dict[str, str]]:
-    texts: list[str] = []
-    thinking: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for position, block in enumerate(message.content):
-        where = f"messages[{index}].content[{position}]"
-        if isinstance(block, TextBlock):
-            texts.append(block.text)
-        elif isinstance(block, ThinkingBlock):
-            thinking.append(block.thinking)
-        elif isinstance(block, RedactedThinkingBlock):
-            continue  # opaque by definition: nothing a local model could read
-        elif isinstance(block, ToolUseBlock):
-            function = {"name": block.name, "arguments": block.input}
-            calls.append({"id": block.id, "type": "function", "function": function})
-        elif isinstance(block, ImageBlock | DocumentBlock):
-            raise _unsupported(block, where)
-        else:
-            raise bad_request(f"{where}: tool_result blocks belong in user messages", where)
-    item: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if calls:
-        item["tool_calls"] = calls
-    if thinking:
-        item["reasoning_content"] = "".join(thinking)  # the key HF templates read
-    return item, {call["id"]: call["function"]["name"] for call in calls}
-
-
-def _user_messages(
-    message: InputMessage, index: int, open_calls: Mapping[str, str]
-) -> list[dict[str, Any]]:
-    """Tool results become ``tool`` messages, followed by the user's own text, if any."""
-    out: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for position, block in enumerate(message.content):
-        where = f"messages[{index}].content[{position}]"
-        if isinstance(block, TextBlock):
-            texts.append(block.text)
-        elif isinstance(block, ToolResultBlock):
-            out.append(_tool_message(block, where, open_calls))
-        elif isinstance(block, ImageBlock | DocumentBlock):
-            raise _unsupported(block, where)
-        else:
-            raise bad_request(f"{where}: {block.type} blocks belong in assistant messages", where)
-    if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
-    return out
-
-
-def _tool_message(
-    block: ToolResultBlock, where: str, open_calls: Mapping[str, str]
-) -> dict[str, Any]:
-    if block.tool_use_id not in open_calls:
-        raise bad_request(
-            f"{where}: tool_result block has tool_use_id '{block.tool_use_id}', but the previous "
-            "assistant message has no tool_use block with that id",
-            f"{where}.tool_use_id",
-        )
-    parts: list[str] = []
-    for position, part in enumerate(block.content):
-        if isinstance(part, ImageBlock):
-            raise _unsupported(part, f"{where}.content[{position}]")
-        parts.append(part.text)
-    text = "\n".join(parts)
-    if block.is_error:
-        text = f"Error: {text}"
-    return {
-        "role": "tool",
-        "tool_call_id": block.tool_use_id,
-        "name": open_calls[block.tool_use_id],
-        "content": text,
-    }
 
 
 # --- engine results -> wire -----------------------------------------------------------

@@ -74,6 +74,28 @@ class ToolResultBlock(_Wire):
     is_error: bool | None = None
 
 
+class McpToolUseBlock(_Wire):
+    """A call Anthropic's MCP connector ran: read as a tool_use."""
+
+    type: Literal["mcp_tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    server_name: str | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class McpToolResultBlock(_Wire):
+    """The result of a call the server ran (`mcp_tools: execute` streams these), in the
+    assistant message right after its tool_use."""
+
+    type: Literal["mcp_tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: Annotated[list[ToolResultContent], BeforeValidator(_as_optional_blocks)] = Field(
+        default_factory=list
+    )
+    is_error: bool | None = None
+
+
 class ThinkingBlock(_Wire):
     type: Literal["thinking"]
     thinking: str
@@ -91,6 +113,8 @@ InputBlock = Annotated[
     | DocumentBlock
     | ToolUseBlock
     | ToolResultBlock
+    | McpToolUseBlock
+    | McpToolResultBlock
     | ThinkingBlock
     | RedactedThinkingBlock,
     Field(discriminator="type"),
