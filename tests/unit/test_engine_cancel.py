@@ -23,10 +23,12 @@ from vllm_mlx.engine.types import EngineEvent, FinishReason, GenerationRequest, 
 class RecordingScheduler:
     def __init__(self) -> None:
         self.sink: Any = None
+        self.submitted = asyncio.Event()
         self.aborted: list[tuple[str, FinishReason]] = []
 
     def submit(self, request: GenerationRequest, sink: Any) -> None:
         self.sink = sink
+        self.submitted.set()
 
     def abort(self, request_id: str, reason: FinishReason) -> None:
         self.aborted.append((request_id, reason))
@@ -50,8 +52,7 @@ async def _cancel_after_turns(turns: int) -> tuple[bool, RecordingScheduler]:
     request = GenerationRequest("req", [1, 2, 3], 100, deadline=time.monotonic() + 60)
     seen: list[EngineEvent] = []
     consumer = asyncio.create_task(_consume(engine, request, seen))
-    while scheduler.sink is None:
-        await asyncio.sleep(0)
+    await scheduler.submitted.wait()
     for _ in range(3):
         await asyncio.sleep(0)  # the consumer is now parked on its queue
     scheduler.sink(TokensGenerated([7]))
