@@ -71,7 +71,7 @@ def model_loader(
     cache_dir = settings.resolved_cache_dir()
     base = lambda model: load_model(model, cache_dir, settings.engine)  # noqa: E731
     rank = current_rank()  # rank 0 of a distributed group shards its model
-    return base if rank is None else rank.loader(base)
+    return base if rank is None else rank.loader(base, settings)
 
 
 class Daemon:

@@ -10,6 +10,9 @@ YAML of a running group re-sharding on every rank.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,8 +22,10 @@ import anthropic
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.conftest import DaemonProcess, running
+from tests.e2e.ops_support import wait_for
 from tests.support.tiny_model import bundled_tokenizer_dir, make_tiny_model
 
 MAX_TOKENS = 8
@@ -189,3 +194,37 @@ def test_two_ranks_pipeline_match_the_single_process_daemon(
     rest = _bytes(tiny_dirs["tiny-p"], lambda k: ".layers." not in k)
     for rank in status["ranks"]:
         assert rank["weight_bytes"] == pytest.approx(rest + layer0, rel=0.01)
+
+
+def test_a_model_change_in_the_file_reshards_every_rank(
+    tensor2: DaemonProcess, reference: DaemonProcess, tiny_dirs: dict[str, Path]
+) -> None:
+    """tiny-a -> tiny-b (another seed) in the YAML of the running group, then SIGHUP (a
+    model key waits for one) to `serve`, which passes it to rank 0: every rank loads
+    and shards tiny-b, and rank 0 serves it (the group is not restarted)."""
+    pid = tensor2.process.pid
+    settings = yaml.safe_load(tensor2.config_path.read_text())
+    settings["models"][0]["source"] = str(tiny_dirs["tiny-b"])
+    scratch = tensor2.config_path.with_suffix(".tmp")
+    scratch.write_text(yaml.safe_dump(settings, sort_keys=False))
+    os.replace(scratch, tensor2.config_path)
+    wait_for(lambda: bool(_log_events(tensor2, "config changes pending")), 60, "the change")
+    tensor2.process.send_signal(signal.SIGHUP)
+
+    def resharded() -> bool:
+        status = _distributed(tensor2)
+        return bool(status["loads"] == 2 and status["state"] == "serving")
+
+    wait_for(resharded, 120, "the group re-sharded on tiny-b")
+    status = _distributed(tensor2)
+    # Each rank's own record of the model it sharded (gathered in the load's barrier).
+    assert [r["model"] for r in status["ranks"]] == [f"tiny {tiny_dirs['tiny-b']}"] * 2
+    wait_for(lambda: bool(_log_events(tensor2, "models switched")), 60, "the engine swap")
+    _compare(tensor2, reference, "tiny-b")
+    assert tensor2.process.poll() is None and tensor2.process.pid == pid
+    assert len(_log_events(tensor2, "rank 0 reloads the model")) == 1  # the one follower
+
+
+def _log_events(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
+    lines = daemon.log_text().splitlines()
+    return [json.loads(x) for x in lines if x.startswith("{") and f'"{event}"' in x]
