@@ -10,6 +10,7 @@ YAML of a running group re-sharding on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -79,24 +80,53 @@ def reference(
         yield d
 
 
-def _group_fixture(ranks: int, strategy: str, name: str) -> Callable[..., Iterator[DaemonProcess]]:
-    @pytest.fixture(scope="module")
-    def fixture(
-        tmp_path_factory: pytest.TempPathFactory,
-        model_cache_dir: Path,
-        tiny_dirs: dict[str, Path],
-    ) -> Iterator[DaemonProcess]:
-        config = _group(ranks, strategy, name, tiny_dirs)
-        directory = tmp_path_factory.mktemp(f"group-{ranks}-{strategy}")
-        with running(directory, model_cache_dir, config) as daemon:
-            yield daemon
+class Groups:
+    """One group at a time (2 cores): asking for another stops the one running. The
+    tests ask in file order: 2-rank tensor (the reload last), 3-rank, pipeline."""
 
-    return fixture
+    def __init__(self, directory: Path, cache_dir: Path, dirs: dict[str, Path]) -> None:
+        self.directory, self.cache_dir, self.dirs = directory, cache_dir, dirs
+        self._key: tuple[int, str, str] | None = None
+        self._stack = contextlib.ExitStack()
+        self._daemon: DaemonProcess | None = None
+
+    def get(self, ranks: int, strategy: str, name: str) -> DaemonProcess:
+        if self._key != (ranks, strategy, name) or self._daemon is None:
+            self.close()
+            config = _group(ranks, strategy, name, self.dirs)
+            directory = self.directory / f"{ranks}-{strategy}-{name}"
+            directory.mkdir()
+            self._daemon = self._stack.enter_context(running(directory, self.cache_dir, config))
+            self._key = (ranks, strategy, name)
+        return self._daemon
+
+    def close(self) -> None:
+        self._stack.close()
+        self._daemon = None
 
 
-tensor2 = _group_fixture(2, "tensor", "tiny-a")
-tensor3 = _group_fixture(3, "tensor", "tiny-a")
-pipeline2 = _group_fixture(2, "pipeline", "tiny-p")
+@pytest.fixture(scope="module")
+def groups(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, tiny_dirs: dict[str, Path]
+) -> Iterator[Groups]:
+    running_groups = Groups(tmp_path_factory.mktemp("groups"), model_cache_dir, tiny_dirs)
+    yield running_groups
+    running_groups.close()
+
+
+@pytest.fixture
+def tensor2(groups: Groups) -> DaemonProcess:
+    return groups.get(2, "tensor", "tiny-a")
+
+
+@pytest.fixture
+def tensor3(groups: Groups) -> DaemonProcess:
+    return groups.get(3, "tensor", "tiny-a")
+
+
+@pytest.fixture
+def pipeline2(groups: Groups) -> DaemonProcess:
+    return groups.get(2, "pipeline", "tiny-p")
 
 
 def _openai(daemon: DaemonProcess, model: str, prompt: str, stream: bool) -> str:
@@ -130,7 +160,7 @@ HOWS = ("chat", "stream", "anthropic")
 ALL_WAYS: list[Job] = [(how, prompt) for prompt in PROMPTS for how in HOWS]
 # Each prompt one way, the ways in turn (3 ranks: each step costs ~0.4 s here).
 ONE_WAY: list[Job] = [(HOWS[i % 3], prompt) for i, prompt in enumerate(PROMPTS)]
-_expected: dict[str, dict[Job, str]] = {}  # the reference's answers, per model
+_expected: dict[str, dict[Job, str]] = {}  # the reference's answers, per model and job
 
 
 def _replies(daemon: DaemonProcess, model: str, jobs: list[Job]) -> list[str]:
@@ -147,9 +177,10 @@ def _replies(daemon: DaemonProcess, model: str, jobs: list[Job]) -> list[str]:
 def _compare(
     group: DaemonProcess, reference: DaemonProcess, name: str, jobs: list[Job] = ALL_WAYS
 ) -> None:
-    if name not in _expected:
-        _expected[name] = dict(zip(ALL_WAYS, _replies(reference, name, ALL_WAYS), strict=True))
-    expected = [_expected[name][job] for job in jobs]
+    known = _expected.setdefault(name, {})
+    missing = [job for job in jobs if job not in known]
+    known.update(zip(missing, _replies(reference, name, missing), strict=True))
+    expected = [known[job] for job in jobs]
     assert _replies(group, "default", jobs) == expected
     assert len(set(expected)) > len(PROMPTS) // 2  # the tiny model's text depends on the prompt
     assert all(expected)
@@ -187,25 +218,6 @@ def test_two_ranks_tensor_each_hold_half_the_layers(
         assert rank["weight_bytes"] == pytest.approx(rest + layers / 2, rel=0.01)
 
 
-def test_three_ranks_tensor_match_the_single_process_daemon(
-    tensor3: DaemonProcess, reference: DaemonProcess
-) -> None:
-    _compare(tensor3, reference, "tiny-a", ONE_WAY)
-
-
-def test_two_ranks_pipeline_match_the_single_process_daemon(
-    pipeline2: DaemonProcess, reference: DaemonProcess, tiny_dirs: dict[str, Path]
-) -> None:
-    _compare(pipeline2, reference, "tiny-p")
-    status = _distributed(pipeline2)
-    assert status["strategy"] == "pipeline" and status["state"] == "serving"
-    # One layer of the two each; the embedding, norm and lm_head stay on every rank.
-    layer0 = _bytes(tiny_dirs["tiny-p"], lambda k: ".layers.0." in k)
-    rest = _bytes(tiny_dirs["tiny-p"], lambda k: ".layers." not in k)
-    for rank in status["ranks"]:
-        assert rank["weight_bytes"] == pytest.approx(rest + layer0, rel=0.01)
-
-
 def test_a_model_change_in_the_file_reshards_every_rank(
     tensor2: DaemonProcess, reference: DaemonProcess, tiny_dirs: dict[str, Path]
 ) -> None:
@@ -232,9 +244,28 @@ def test_a_model_change_in_the_file_reshards_every_rank(
     assert group["loads"] == 2 and group["state"] == "serving"
     # Each rank's own record of the model it sharded (gathered in the load's barrier).
     assert [r["model"] for r in group["ranks"]] == [f"tiny {tiny_dirs['tiny-b']}"] * 2
-    _compare(tensor2, reference, "tiny-b")
+    _compare(tensor2, reference, "tiny-b", ONE_WAY)
     assert tensor2.process.poll() is None and tensor2.process.pid == pid
     assert len(_log_events(tensor2, "rank 0 reloads the model")) == 1  # the one follower
+
+
+def test_three_ranks_tensor_match_the_single_process_daemon(
+    tensor3: DaemonProcess, reference: DaemonProcess
+) -> None:
+    _compare(tensor3, reference, "tiny-a", ONE_WAY)
+
+
+def test_two_ranks_pipeline_match_the_single_process_daemon(
+    pipeline2: DaemonProcess, reference: DaemonProcess, tiny_dirs: dict[str, Path]
+) -> None:
+    _compare(pipeline2, reference, "tiny-p")
+    status = _distributed(pipeline2)
+    assert status["strategy"] == "pipeline" and status["state"] == "serving"
+    # One layer of the two each; the embedding, norm and lm_head stay on every rank.
+    layer0 = _bytes(tiny_dirs["tiny-p"], lambda k: ".layers.0." in k)
+    rest = _bytes(tiny_dirs["tiny-p"], lambda k: ".layers." not in k)
+    for rank in status["ranks"]:
+        assert rank["weight_bytes"] == pytest.approx(rest + layer0, rel=0.01)
 
 
 def _log_events(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
