@@ -231,15 +231,19 @@ def test_a_model_change_in_the_file_reshards_every_rank(
     scratch.write_text(yaml.safe_dump(settings, sort_keys=False))
     os.replace(scratch, tensor2.config_path)
     wait_for(lambda: bool(_log_events(tensor2, "config changes pending")), 60, "the change")
-    tensor2.process.send_signal(signal.SIGHUP)
     switched = threading.Event()
-    with ThreadPoolExecutor(1) as pool:  # requests all through the reload
-        answers = pool.submit(_ask_until, tensor2, switched)
+    with ThreadPoolExecutor(2) as pool:
+        # A long generation in flight as the reload starts finishes on the old model.
+        long = pool.submit(_long_completion, tensor2, "default")
+        wait_for(lambda: _in_flight(tensor2), 60, "the long generation to start")
+        tensor2.process.send_signal(signal.SIGHUP)
+        answers = pool.submit(_ask_until, tensor2, switched)  # requests all through it
         wait_for(lambda: bool(_log_events(tensor2, "models switched")), 120, "the re-shard")
         switched.set()
         # Each answered by a model (200) or refused while the ranks re-shard (503).
         for code, body in answers.result():
             assert code == 200 or (code == 503 and "re-sharded" in body), (code, body)
+        assert long.result() == _long_completion(reference, "tiny-a")
     group = _distributed(tensor2)
     assert group["loads"] == 2 and group["state"] == "serving"
     # Each rank's own record of the model it sharded (gathered in the load's barrier).
@@ -280,3 +284,16 @@ def _ask_until(daemon: DaemonProcess, done: threading.Event) -> list[tuple[int, 
         reply = httpx.post(f"{daemon.base_url}/v1/completions", json=body, timeout=120)
         answers.append((reply.status_code, reply.text))
     return answers
+
+
+def _long_completion(daemon: DaemonProcess, model: str) -> str:
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}
+    reply = httpx.post(f"{daemon.base_url}/v1/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    text: str = reply.json()["choices"][0]["text"]
+    return text
+
+
+def _in_flight(daemon: DaemonProcess) -> bool:
+    document = httpx.get(f"{daemon.base_url}/v1/status", timeout=10).json()
+    return any(block.get("requests") for block in document["models"])
