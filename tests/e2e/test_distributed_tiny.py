@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -227,9 +228,7 @@ def test_a_model_change_in_the_file_reshards_every_rank(
     pid = tensor2.process.pid
     settings = yaml.safe_load(tensor2.config_path.read_text())
     settings["models"][0]["source"] = str(tiny_dirs["tiny-b"])
-    scratch = tensor2.config_path.with_suffix(".tmp")
-    scratch.write_text(yaml.safe_dump(settings, sort_keys=False))
-    os.replace(scratch, tensor2.config_path)
+    _write(tensor2.config_path, settings)
     wait_for(lambda: bool(_log_events(tensor2, "config changes pending")), 60, "the change")
     switched = threading.Event()
     with ThreadPoolExecutor(2) as pool:
@@ -251,6 +250,35 @@ def test_a_model_change_in_the_file_reshards_every_rank(
     _compare(tensor2, reference, "tiny-b", ONE_WAY)
     assert tensor2.process.poll() is None and tensor2.process.pid == pid
     assert len(_log_events(tensor2, "rank 0 reloads the model")) == 1  # the one follower
+
+
+def test_a_reload_failing_after_the_reshard_fails_the_group(
+    tensor2: DaemonProcess, tiny_dirs: dict[str, Path]
+) -> None:
+    """Back to tiny-a, and a new port that is taken: the ranks re-shard, then the new
+    listener fails. The old engine is closed and the followers hold tiny-a, so there is
+    nothing to go back to: the group fails and exits 70 (the service manager restarts
+    it on the new config). (It runs after the reload test, on its group.)"""
+    settings = yaml.safe_load(tensor2.config_path.read_text())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings["models"][0]["source"] = str(tiny_dirs["tiny-a"])
+        settings["server"]["port"] = taken.getsockname()[1]
+        pending = len(_log_events(tensor2, "config changes pending"))
+        _write(tensor2.config_path, settings)
+        wait_for(
+            lambda: len(_log_events(tensor2, "config changes pending")) > pending, 60, "the change"
+        )
+        tensor2.process.send_signal(signal.SIGHUP)
+        assert tensor2.process.wait(60) == 70
+    assert "the reload failed after the group re-sharded" in tensor2.log_text()
+
+
+def _write(path: Path, settings: dict[str, Any]) -> None:
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(yaml.safe_dump(settings, sort_keys=False))
+    os.replace(scratch, path)
 
 
 def test_three_ranks_tensor_match_the_single_process_daemon(
