@@ -64,7 +64,7 @@ def follow(scheduler: Scheduler, follower: Follower, tokenizer: Any) -> int | di
             return 0
         if message.reload is not None:
             log.info("rank 0 reloads the model", model=message.reload["model"].get("name"))
-            follower.watchdog.disarm()  # loading takes as long as it takes
+            follower.watchdog.close()  # loading takes as long as it takes; then a new one
             return message.reload
         for kind, body in message.ops:
             if kind == "add":

@@ -102,6 +102,7 @@ class Watchdog:
         self.timeout = timeout
         self._on_expire = on_expire
         self._since: float | None = None
+        self._closed = False
         self._parent = os.getppid()
         self._thread = threading.Thread(target=self._run, name="group-watchdog", daemon=True)
         self._thread.start()
@@ -112,9 +113,14 @@ class Watchdog:
     def disarm(self) -> None:
         self._since = None
 
+    def close(self) -> None:
+        """For good (its engine handed over to the next model's): the thread ends."""
+        self._since = None
+        self._closed = True
+
     def _run(self) -> None:
         poll = min(0.25, self.timeout / 4)
-        while True:
+        while not self._closed:
             time.sleep(poll)
             since = self._since
             if since is not None and time.monotonic() - since > self.timeout:
@@ -220,6 +226,7 @@ class Leader(_Ranked):
         finally:
             self.watchdog.disarm()
         self._retired = True
+        self.watchdog.close()  # the next model's Leader has its own
         done.set()
 
     def _send(self, step: bool, busy: bool) -> None:

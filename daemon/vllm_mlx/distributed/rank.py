@@ -198,8 +198,10 @@ def run_follower(rank: Rank, settings: Settings) -> int:
     (model,) = [m for m in settings.models if m.task == "generate"]
     engine, cache_dir = settings.engine, settings.resolved_cache_dir()
     while True:
-        loaded = rank.load_shard(functools.partial(_load, cache_dir, engine), model)
+        # First, so its watchdog sees the launcher go while this rank loads (unarmed:
+        # a load takes as long as it takes).
         follower = Follower(rank.channel, rank.settings)
+        loaded = rank.load_shard(functools.partial(_load, cache_dir, engine), model)
         scheduler = Scheduler(
             loaded.model,
             set(loaded.tokenizer.eos_token_ids),
