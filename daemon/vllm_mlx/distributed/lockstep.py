@@ -178,22 +178,28 @@ class Leader(_Ranked):
         self.closed: str | None = None
         self._handover: tuple[dict[str, Any], threading.Event] | None = None
         self._retired = False  # handed over to the next model's Leader, or stopped
+        self._stopped = False  # stopped: the other ranks were told to exit
 
     def hand_over(self, reload: dict[str, Any]) -> None:
         """From the loader's thread: close this engine to new requests (503), let the
         in-flight ones finish, then (from the engine thread, idle) tell the other ranks
         to load `reload`; return once told. This Leader exchanges nothing after that."""
         done = threading.Event()
+        self._check_alive()
+        self.status.state = "reloading"
         self.closed = RESHARDING
         self._handover = (reload, done)
         while not done.wait(0.25):
-            if self.status.failed:
-                raise GroupFailedError(self.status.error or "the distributed group failed")
-            if self._retired:
-                raise RuntimeError(
-                    "the distributed model's engine has stopped (the other ranks exited); "
-                    "restart the service to load a model"
-                )
+            self._check_alive()
+
+    def _check_alive(self) -> None:
+        if self.status.failed:
+            raise GroupFailedError(self.status.error or "the distributed group failed")
+        if self._stopped:
+            raise RuntimeError(
+                "the distributed model's engine has stopped (the other ranks exited); "
+                "restart the service to load a model"
+            )
 
     def bind(self, fail_in_flight: Callable[[str], None]) -> None:
         self._fail_in_flight = fail_in_flight
@@ -225,8 +231,8 @@ class Leader(_Ranked):
             raise
         finally:
             self.watchdog.disarm()
-        self._retired = True
         self.watchdog.close()  # the next model's Leader has its own
+        self._retired = True
         done.set()
 
     def _send(self, step: bool, busy: bool) -> None:
@@ -271,7 +277,7 @@ class Leader(_Ranked):
         self.watchdog.disarm()
         if self.status.failed or self._retired:
             return  # (retired: an old model's engine; the group goes on with the next)
-        self._retired = True
+        self._retired = self._stopped = True
         self.watchdog.arm()  # the goodbye is an exchange too
         try:
             self.channel.broadcast(encode(Message(stop=True)))

@@ -83,7 +83,6 @@ class Rank:
             old = self.leader
             if old is not None:
                 log.info("re-sharding the group for a new model", model=model.name)
-                self.status.state = "reloading"
                 old.hand_over(reload_message(model, settings))
             try:
                 self._shard(loaded.model, model)
