@@ -23,7 +23,7 @@ import structlog
 from mlx.utils import tree_flatten
 
 from vllm_mlx.config import ModelSettings, Settings
-from vllm_mlx.distributed.lockstep import Channel, Follower, Leader
+from vllm_mlx.distributed.lockstep import GROUP_FAILED_EXIT, Channel, Follower, Leader
 from vllm_mlx.distributed.settings import DistributedSettings
 from vllm_mlx.distributed.status import GroupStatus, set_current
 from vllm_mlx.models.loaded import LoadedModel
@@ -200,7 +200,11 @@ def run_follower(rank: Rank, settings: Settings) -> int:
         # First, so its watchdog sees the launcher go while this rank loads (unarmed:
         # a load takes as long as it takes).
         follower = Follower(rank.channel, rank.settings)
-        loaded = rank.load_shard(functools.partial(_load, cache_dir, engine), model)
+        try:
+            loaded = rank.load_shard(functools.partial(_load, cache_dir, engine), model)
+        except Exception as exc:  # this rank's load, or another's (they agree first)
+            log.error("the group cannot load the model; this rank exits", error=str(exc))
+            return GROUP_FAILED_EXIT
         scheduler = Scheduler(
             loaded.model,
             set(loaded.tokenizer.eos_token_ids),
