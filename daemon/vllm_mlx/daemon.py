@@ -29,7 +29,7 @@ from vllm_mlx.api.state import ServerState
 from vllm_mlx.app import create_app
 from vllm_mlx.config import ModelSettings, Reload, Settings
 from vllm_mlx.configfile import LoadedConfig
-from vllm_mlx.distributed.launcher import current_rank
+from vllm_mlx.distributed.launcher import current_rank, group_reload
 from vllm_mlx.distributed.status import current as group_status
 from vllm_mlx.engine.embedding import LoadedEmbeddingModel
 from vllm_mlx.engine.heap import keep_large_allocations_returnable
@@ -71,7 +71,7 @@ def model_loader(
     cache_dir = settings.resolved_cache_dir()
     base = lambda model: load_model(model, cache_dir, settings.engine)  # noqa: E731
     rank = current_rank()  # rank 0 of a distributed group shards its model
-    return base if rank is None else rank.loader(base)
+    return base if rank is None else rank.loader(base, settings)
 
 
 class Daemon:
@@ -237,8 +237,9 @@ class Daemon:
         reuse = all(c.key.startswith("models") for c in changes if c.kind is Reload.MODEL)
         config = scheduler_config(new.engine)
         planned = self.registry.to_load(new.models, reuse)
-        # The new engines load beside the serving ones: the budget must hold both.
-        async with self.residency.reload_room(new, planned, config):
+        # The new engines load beside the serving ones: the budget must hold both. (A
+        # distributed group re-shards in prepare: group_reload fails it if a later step does.)
+        async with group_reload(), self.residency.reload_room(new, planned, config):
             log.info("loading models for reload", models=[m.name for m in planned])
             entries = await asyncio.to_thread(
                 self.registry.prepare, new.models, config, model_loader(new), reuse

@@ -9,7 +9,9 @@ daemon with the same dtype. Generations are short: on a 2-core machine 3 ranks s
 2 cores, every ring collective costs tens of milliseconds (MLX's ring polls its sockets
 from threads) and a step has 61 of them (30 layers x 2 all_sums, plus the token share),
 so a step takes seconds. The full comparison (10 prompts at concurrency 4, streaming on
-both APIs) runs with VLLM_MLX_TEST_DISTRIBUTED=1; by default a smaller one does.
+both APIs) on this model runs with VLLM_MLX_TEST_DISTRIBUTED=1; by default a smaller one
+does. test_distributed_tiny.py runs the full one by default on tiny models, at 2 and 3
+ranks, with pipeline parallelism and a model reload.
 """
 
 from __future__ import annotations

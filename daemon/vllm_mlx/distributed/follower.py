@@ -46,8 +46,9 @@ class _Tokens:
             )
 
 
-def follow(scheduler: Scheduler, follower: Follower, tokenizer: Any) -> int:
-    """Run until rank 0's stop message (0) or a failure (the watchdog exits 70)."""
+def follow(scheduler: Scheduler, follower: Follower, tokenizer: Any) -> int | dict[str, Any]:
+    """Run until rank 0's stop message (0), a failure (70; the watchdog exits 70 too),
+    or a reload message: then return its settings (the next model to load)."""
     scheduler._generator = scheduler._make_generator()
     rebuild = RequestRebuilder()
     log.info("following rank 0", pid=os.getpid())
@@ -61,6 +62,10 @@ def follow(scheduler: Scheduler, follower: Follower, tokenizer: Any) -> int:
             log.info("rank 0 stopped the group")
             follower.watchdog.disarm()
             return 0
+        if message.reload is not None:
+            log.info("rank 0 reloads the model", model=message.reload["model"].get("name"))
+            follower.watchdog.close()  # loading takes as long as it takes; then a new one
+            return message.reload
         for kind, body in message.ops:
             if kind == "add":
                 request = rebuild.request(body)

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -65,6 +66,23 @@ def enter_group(settings: Settings) -> int | None:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     return run_follower(rank, settings)
+
+
+@contextlib.asynccontextmanager
+async def group_reload() -> AsyncIterator[None]:
+    """Around a full reload on rank 0. One that fails after the group re-sharded (a
+    later model's load, the new listener) leaves the other ranks on the new model and
+    the old engine closed: the group is lost, so fail it (exit 70; the service manager
+    starts the group again, on the new config)."""
+    rank = _rank
+    loads = None if rank is None else rank.status.loads
+    try:
+        yield
+    except Exception as exc:
+        if rank is not None and rank.leader is not None and rank.status.loads != loads:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]  # not a backtrace
+            rank.leader.failed(f"the reload failed after the group re-sharded: {reason}")
+        raise
 
 
 def leave_group(code: int) -> int:

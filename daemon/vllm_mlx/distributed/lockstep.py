@@ -12,6 +12,7 @@ Protocol, every engine-loop iteration on rank 0 (and every `heartbeat` seconds i
    exact same tokens into the next step. The zeros are made from the step's logits,
    so each rank evaluates its collectives in the same order (model first).
 Every GATHER_EVERY messages the ranks also all_sum their step and exchange times.
+A model reload ends an engine's exchanges with a reload message (Leader.hand_over).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ log = structlog.get_logger(__name__)
 HEAD = 1024  # bytes of the first broadcast: 4 for the length, the rest inline payload
 GATHER_EVERY = 16
 GROUP_FAILED_EXIT = 70  # EX_SOFTWARE: the service manager restarts the group
+RESHARDING = "the distributed model is being re-sharded for a reload; retry in a moment"
 EXIT_GRACE_S = 1.0  # for the HTTP side to send the failed requests' error events
 EXIT_MARKER = "VLLM_MLX_RANK0_EXIT="
 
@@ -100,6 +102,7 @@ class Watchdog:
         self.timeout = timeout
         self._on_expire = on_expire
         self._since: float | None = None
+        self._closed = False
         self._parent = os.getppid()
         self._thread = threading.Thread(target=self._run, name="group-watchdog", daemon=True)
         self._thread.start()
@@ -110,9 +113,14 @@ class Watchdog:
     def disarm(self) -> None:
         self._since = None
 
+    def close(self) -> None:
+        """For good (its engine handed over to the next model's): the thread ends."""
+        self._since = None
+        self._closed = True
+
     def _run(self) -> None:
         poll = min(0.25, self.timeout / 4)
-        while True:
+        while not self._closed:
             time.sleep(poll)
             since = self._since
             if since is not None and time.monotonic() - since > self.timeout:
@@ -167,6 +175,31 @@ class Leader(_Ranked):
         self._count = 0
         self._shared: Sampler | None = None
         self._fail_in_flight: Callable[[str], None] = lambda message: None
+        self.closed: str | None = None
+        self._handover: tuple[dict[str, Any], threading.Event] | None = None
+        self._retired = False  # handed over to the next model's Leader, or stopped
+        self._stopped = False  # stopped: the other ranks were told to exit
+
+    def hand_over(self, reload: dict[str, Any]) -> None:
+        """From the loader's thread: close this engine to new requests (503), let the
+        in-flight ones finish, then (from the engine thread, idle) tell the other ranks
+        to load `reload`; return once told. This Leader exchanges nothing after that."""
+        done = threading.Event()
+        self._check_alive()
+        self.status.state = "reloading"
+        self.closed = RESHARDING
+        self._handover = (reload, done)
+        while not done.wait(0.25):
+            self._check_alive()
+
+    def _check_alive(self) -> None:
+        if self.status.failed:
+            raise GroupFailedError(self.status.error or "the distributed group failed")
+        if self._stopped:
+            raise RuntimeError(
+                "the distributed model's engine has stopped (the other ranks exited); "
+                "restart the service to load a model"
+            )
 
     def bind(self, fail_in_flight: Callable[[str], None]) -> None:
         self._fail_in_flight = fail_in_flight
@@ -182,7 +215,25 @@ class Leader(_Ranked):
         self._ops.append(remove_op(request_id))
 
     def exchange(self, step: bool) -> None:
+        if self._retired:
+            return  # the followers serve the next model's Leader now
+        if self._handover is not None and not step:  # idle: nothing left in flight
+            self._send_reload(*self._handover)
+            return
         self._send(step, busy=step)
+
+    def _send_reload(self, reload: dict[str, Any], done: threading.Event) -> None:
+        self.watchdog.arm()
+        try:
+            self.channel.broadcast(encode(Message(reload=reload)))
+        except Exception as exc:
+            self._fail(f"sending the reload: {exc}")
+            raise
+        finally:
+            self.watchdog.disarm()
+        self.watchdog.close()  # the next model's Leader has its own
+        self._retired = True
+        done.set()
 
     def _send(self, step: bool, busy: bool) -> None:
         if self.status.failed:
@@ -224,8 +275,9 @@ class Leader(_Ranked):
     def stopped(self) -> None:
         """The engine stopped (drain finished): tell the other ranks to exit."""
         self.watchdog.disarm()
-        if self.status.failed:
-            return
+        if self.status.failed or self._retired:
+            return  # (retired: an old model's engine; the group goes on with the next)
+        self._retired = self._stopped = True
         self.watchdog.arm()  # the goodbye is an exchange too
         try:
             self.channel.broadcast(encode(Message(stop=True)))
@@ -257,6 +309,7 @@ class Follower(_Ranked):
     """Ranks 1..N-1: receive rank 0's messages, use rank 0's tokens."""
 
     idle_interval: float | None = None
+    closed: str | None = None
 
     def __init__(self, channel: Channel, settings: DistributedSettings) -> None:
         # Rank 0 speaks at least every heartbeat while idle, every step while busy.

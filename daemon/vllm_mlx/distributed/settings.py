@@ -44,7 +44,7 @@ class DistributedSettings(Section):
         Reload.RESTART,
         "`tensor`: every rank holds 1/N of each layer (mlx-lm's `model.shard`); "
         "`pipeline`: every rank holds 1/N of the layers (only models with "
-        "`model.pipeline` in mlx-lm; llama has none).",
+        "`model.pipeline` in mlx-lm: qwen2, deepseek, glm4_moe and others; llama has none).",
     )
     step_timeout: float = setting(
         30.0,
@@ -135,8 +135,9 @@ def check_distributed_models(
             "`distributed` models are served as float32 (the quantized CPU kernel does not "
             "shard); set the model's dtype to auto or float32/float16/bfloat16"
         )
-    # Every rank loads its shard once, at start: a model that unloads (keep_alive, an
-    # eviction) or loads on demand would need the whole group to re-shard.
+    # Every rank loads its shard at start and again only on a reload (every rank then
+    # re-shards together, rank.py); a model that unloads (keep_alive, an eviction) or
+    # loads on demand would have the group without a model between requests.
     first = models[0] is model
     if model.load == "on_demand" or (model.load is None and not first):
         raise ValueError(

@@ -27,11 +27,13 @@ class GroupStatus:
     backend: str
     strategy: str
     hosts: list[str] = field(default_factory=list)
-    state: str = "starting"  # starting -> serving -> failed | stopped
+    state: str = "starting"  # starting -> serving (-> reloading -> serving) -> failed | stopped
     error: str | None = None
     failed_at: float | None = None
     times: list[RankTimes] = field(default_factory=list)
     weight_bytes: list[int] = field(default_factory=list)  # per rank, after sharding
+    models: list[str] = field(default_factory=list)  # per rank: "name source" it loaded
+    loads: int = 0  # models sharded so far (1 + reloads)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +85,7 @@ class GroupStatus:
                     "step_ms": round(1000 * times.step_seconds / steps, 3),
                     "sync_ms": round(1000 * times.sync_seconds / steps, 3),
                     "weight_bytes": self.weight_bytes[rank],
+                    "model": self.models[rank] if rank < len(self.models) else None,
                 }
             )
         return {
@@ -91,6 +94,7 @@ class GroupStatus:
             "size": self.size,
             "state": self.state,
             "error": self.error,
+            "loads": self.loads,
             "ranks": ranks,
         }
 

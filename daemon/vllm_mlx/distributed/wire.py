@@ -6,7 +6,8 @@ what makes the engine run extra forward passes: prompt scoring and `n` groups) a
 requests removed (aborts, per-request faults). Sampling parameters beyond greedy or
 not stay on rank 0: rank 0 samples and every rank uses its token (lockstep.py), so
 logit bias, penalties, grammars and seeds never need to travel. JSON: small, and a
-rank never unpickles what a peer sent.
+rank never unpickles what a peer sent. A reload message (the last of an engine) carries
+the next model's settings instead: every rank loads and shards it (rank.py).
 """
 
 from __future__ import annotations
@@ -24,16 +25,31 @@ class Message:
     gather: bool = False  # every rank reports its times after this message
     stop: bool = False  # the group is stopping: followers exit 0
     ops: list[list[Any]] = field(default_factory=list)
+    # The model changed: {"model", "engine", "cache_dir"} for every rank to load and shard.
+    reload: dict[str, Any] | None = None
 
 
 def encode(message: Message) -> bytes:
-    body = {"s": message.step, "g": message.gather, "x": message.stop, "o": message.ops}
+    body = {
+        "s": message.step,
+        "g": message.gather,
+        "x": message.stop,
+        "o": message.ops,
+        "r": message.reload,
+    }
     return json.dumps(body, separators=(",", ":")).encode()
 
 
 def decode(data: bytes) -> Message:
     body = json.loads(data)
-    return Message(bool(body["s"]), bool(body["g"]), bool(body["x"]), list(body["o"]))
+    reload = body.get("r")
+    return Message(
+        bool(body["s"]),
+        bool(body["g"]),
+        bool(body["x"]),
+        list(body["o"]),
+        None if reload is None else dict(reload),
+    )
 
 
 def add_op(request: GenerationRequest) -> list[Any]:

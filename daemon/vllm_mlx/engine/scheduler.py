@@ -208,6 +208,10 @@ class Scheduler:
         if refusal is not None:
             command.sink(SequenceFinished(FinishReason.ERROR, refusal, refused=True))
             return
+        if self.lockstep is not None and self.lockstep.closed is not None:
+            # The group is moving to a new model: an abort is the API's 503.
+            command.sink(SequenceFinished(FinishReason.ABORT, self.lockstep.closed))
+            return
         fault = Fault()
         try:
             if self.lockstep is not None:  # before its prefill: other ranks join that too

@@ -32,6 +32,8 @@ class Lockstep(Protocol):
     """
 
     idle_interval: float | None
+    # Set while the group re-shards for a new model: new requests end at once with it.
+    closed: str | None
 
     def added(self, request: GenerationRequest) -> None: ...
     def removed(self, request_id: str) -> None: ...

@@ -1,0 +1,332 @@
+"""Distributed groups of 2 and 3 ranks on tiny random models (tests/support/tiny_model.py).
+
+The bundled model splits over 3 ranks only and a 3-rank step costs seconds here; a
+2-layer model of width 96 costs a few collectives per step, so the issue's full check
+runs by default: greedy outputs identical to the single-process daemon for 10 prompts
+at concurrency 4, non-streaming and streaming on both APIs. Also pipeline parallelism
+(a tiny qwen2: mlx-lm's qwen2 has `model.model.pipeline`), and a model change in the
+YAML of a running group re-sharding on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.conftest import DaemonProcess, running
+from tests.e2e.ops_support import wait_for
+from tests.support.tiny_model import bundled_tokenizer_dir, make_tiny_model
+
+MAX_TOKENS = 8
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about rain.",
+    "What is 2 + 2?",
+    "Name a primary colour.",
+    "Say hello in Spanish.",
+    "The opposite of hot is",
+    "List three fruits.",
+    "Who wrote Hamlet?",
+    "Water boils at",
+    "Describe the sea in one word.",
+]
+# model name in the reference daemon -> (architecture, seed)
+TINY = {"tiny-a": ("llama", 0), "tiny-b": ("llama", 1), "tiny-p": ("qwen2", 2)}
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path) -> dict[str, Path]:
+    tokenizer = bundled_tokenizer_dir(model_cache_dir)
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {
+        name: make_tiny_model(root / name, tokenizer, kind, seed)
+        for name, (kind, seed) in TINY.items()
+    }
+
+
+def _served(name: str, source: Path) -> dict[str, Any]:
+    return {"models": [{"name": "tiny", "source": str(source), "aliases": ["default"]}]}
+
+
+def _group(ranks: int, strategy: str, name: str, dirs: dict[str, Path]) -> dict[str, Any]:
+    return {
+        "distributed": {"ranks": ranks, "strategy": strategy, "heartbeat": 0.5},
+        **_served(name, dirs[name]),
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, tiny_dirs: dict[str, Path]
+) -> Iterator[DaemonProcess]:
+    models = [
+        {"name": name, "source": str(path), "dtype": "float32", "load": "on_demand"}
+        for name, path in tiny_dirs.items()
+    ]
+    with running(tmp_path_factory.mktemp("single"), model_cache_dir, {"models": models}) as d:
+        yield d
+
+
+class Groups:
+    """One group at a time (2 cores): asking for another stops the one running. The
+    tests ask in file order: 2-rank tensor (the reload last), 3-rank, pipeline."""
+
+    def __init__(self, directory: Path, cache_dir: Path, dirs: dict[str, Path]) -> None:
+        self.directory, self.cache_dir, self.dirs = directory, cache_dir, dirs
+        self._key: tuple[int, str, str] | None = None
+        self._stack = contextlib.ExitStack()
+        self._daemon: DaemonProcess | None = None
+
+    def get(self, ranks: int, strategy: str, name: str) -> DaemonProcess:
+        if self._key != (ranks, strategy, name) or self._daemon is None:
+            self.close()
+            config = _group(ranks, strategy, name, self.dirs)
+            directory = self.directory / f"{ranks}-{strategy}-{name}"
+            directory.mkdir()
+            self._daemon = self._stack.enter_context(running(directory, self.cache_dir, config))
+            self._key = (ranks, strategy, name)
+        return self._daemon
+
+    def close(self) -> None:
+        self._stack.close()
+        self._daemon = None
+
+
+@pytest.fixture(scope="module")
+def groups(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, tiny_dirs: dict[str, Path]
+) -> Iterator[Groups]:
+    running_groups = Groups(tmp_path_factory.mktemp("groups"), model_cache_dir, tiny_dirs)
+    yield running_groups
+    running_groups.close()
+
+
+@pytest.fixture
+def tensor2(groups: Groups) -> DaemonProcess:
+    return groups.get(2, "tensor", "tiny-a")
+
+
+@pytest.fixture
+def tensor3(groups: Groups) -> DaemonProcess:
+    return groups.get(3, "tensor", "tiny-a")
+
+
+@pytest.fixture
+def pipeline2(groups: Groups) -> DaemonProcess:
+    return groups.get(2, "pipeline", "tiny-p")
+
+
+def _openai(daemon: DaemonProcess, model: str, prompt: str, stream: bool) -> str:
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="x", timeout=300)
+    messages: Any = [{"role": "user", "content": prompt}]
+    if not stream:
+        reply = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        )
+        return reply.choices[0].message.content or ""
+    chunks = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    )
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def _anthropic(daemon: DaemonProcess, model: str, prompt: str) -> str:
+    client = anthropic.Anthropic(base_url=daemon.base_url, api_key="x", timeout=300)
+    with client.messages.stream(
+        model=model,
+        max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": prompt}],
+        extra_body={"temperature": 0},
+    ) as events:
+        return "".join(events.text_stream)
+
+
+Job = tuple[str, str]  # (how: chat | stream | anthropic, prompt)
+HOWS = ("chat", "stream", "anthropic")
+# Every prompt three ways: non-streaming chat, streaming chat, streaming Anthropic.
+ALL_WAYS: list[Job] = [(how, prompt) for prompt in PROMPTS for how in HOWS]
+# Each prompt one way, the ways in turn (3 ranks: each step costs ~0.4 s here).
+ONE_WAY: list[Job] = [(HOWS[i % 3], prompt) for i, prompt in enumerate(PROMPTS)]
+_expected: dict[str, dict[Job, str]] = {}  # the reference's answers, per model and job
+
+
+def _replies(daemon: DaemonProcess, model: str, jobs: list[Job]) -> list[str]:
+    def call(job: Job) -> str:
+        how, prompt = job
+        if how == "anthropic":
+            return _anthropic(daemon, model, prompt)
+        return _openai(daemon, model, prompt, stream=how == "stream")
+
+    with ThreadPoolExecutor(4) as pool:  # concurrency 4: the ranks step shared batches
+        return list(pool.map(call, jobs))
+
+
+def _compare(
+    group: DaemonProcess, reference: DaemonProcess, name: str, jobs: list[Job] = ALL_WAYS
+) -> None:
+    known = _expected.setdefault(name, {})
+    missing = [job for job in jobs if job not in known]
+    known.update(zip(missing, _replies(reference, name, missing), strict=True))
+    expected = [known[job] for job in jobs]
+    assert _replies(group, "default", jobs) == expected
+    assert len(set(expected)) > len(PROMPTS) // 2  # the tiny model's text depends on the prompt
+    assert all(expected)
+
+
+def _distributed(daemon: DaemonProcess) -> dict[str, Any]:
+    block: dict[str, Any] = httpx.get(f"{daemon.base_url}/v1/status", timeout=10).json()[
+        "distributed"
+    ]
+    return block
+
+
+def _bytes(path: Path, keep: Callable[[str], bool]) -> int:
+    import mlx.core as mx
+
+    weights = mx.load(str(path / "model.safetensors"))
+    assert isinstance(weights, dict)
+    return sum(v.nbytes for k, v in weights.items() if keep(k))
+
+
+def test_two_ranks_tensor_match_the_single_process_daemon(
+    tensor2: DaemonProcess, reference: DaemonProcess
+) -> None:
+    _compare(tensor2, reference, "tiny-a")
+
+
+def test_two_ranks_tensor_each_hold_half_the_layers(
+    tensor2: DaemonProcess, tiny_dirs: dict[str, Path]
+) -> None:
+    status = _distributed(tensor2)
+    assert status["size"] == 2 and status["strategy"] == "tensor"
+    layers = _bytes(tiny_dirs["tiny-a"], lambda k: ".layers." in k)
+    rest = _bytes(tiny_dirs["tiny-a"], lambda k: ".layers." not in k)  # embedding, lm_head
+    for rank in status["ranks"]:
+        assert rank["weight_bytes"] == pytest.approx(rest + layers / 2, rel=0.01)
+
+
+def test_a_model_change_in_the_file_reshards_every_rank(
+    tensor2: DaemonProcess, reference: DaemonProcess, tiny_dirs: dict[str, Path]
+) -> None:
+    """tiny-a -> tiny-b (another seed) in the YAML of the running group, then SIGHUP (a
+    model key waits for one) to `serve`, which passes it to rank 0: every rank loads
+    and shards tiny-b, and rank 0 serves it (the group is not restarted)."""
+    pid = tensor2.process.pid
+    settings = yaml.safe_load(tensor2.config_path.read_text())
+    settings["models"][0]["source"] = str(tiny_dirs["tiny-b"])
+    _write(tensor2.config_path, settings)
+    wait_for(lambda: bool(_log_events(tensor2, "config changes pending")), 60, "the change")
+    switched = threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        # A long generation in flight as the reload starts finishes on the old model.
+        long = pool.submit(_long_completion, tensor2, "default")
+        wait_for(lambda: _in_flight(tensor2), 60, "the long generation to start")
+        tensor2.process.send_signal(signal.SIGHUP)
+        answers = pool.submit(_ask_until, tensor2, switched)  # requests all through it
+        wait_for(lambda: bool(_log_events(tensor2, "models switched")), 120, "the re-shard")
+        switched.set()
+        # Each answered by a model, or refused while the ranks re-shard: a 503, or in a
+        # stream (its headers are out at once) an error event.
+        for code, body in answers.result():
+            assert code in (200, 503), (code, body)
+            assert '"error"' not in body or "re-sharded" in body, body
+            assert code == 200 or "re-sharded" in body, body
+        assert long.result() == _long_completion(reference, "tiny-a")
+    group = _distributed(tensor2)
+    assert group["loads"] == 2 and group["state"] == "serving"
+    # Each rank's own record of the model it sharded (gathered in the load's barrier).
+    assert [r["model"] for r in group["ranks"]] == [f"tiny {tiny_dirs['tiny-b']}"] * 2
+    _compare(tensor2, reference, "tiny-b", ONE_WAY)
+    assert tensor2.process.poll() is None and tensor2.process.pid == pid
+    assert len(_log_events(tensor2, "rank 0 reloads the model")) == 1  # the one follower
+
+
+def test_a_reload_failing_after_the_reshard_fails_the_group(
+    tensor2: DaemonProcess, tiny_dirs: dict[str, Path]
+) -> None:
+    """Back to tiny-a, and a new port that is taken: the ranks re-shard, then the new
+    listener fails. The old engine is closed and the followers hold tiny-a, so there is
+    nothing to go back to: the group fails and exits 70 (the service manager restarts
+    it on the new config). (It runs after the reload test, on its group.)"""
+    settings = yaml.safe_load(tensor2.config_path.read_text())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings["models"][0]["source"] = str(tiny_dirs["tiny-a"])
+        settings["server"]["port"] = taken.getsockname()[1]
+        pending = len(_log_events(tensor2, "config changes pending"))
+        _write(tensor2.config_path, settings)
+        wait_for(
+            lambda: len(_log_events(tensor2, "config changes pending")) > pending, 60, "the change"
+        )
+        tensor2.process.send_signal(signal.SIGHUP)
+        assert tensor2.process.wait(60) == 70
+    assert "the reload failed after the group re-sharded" in tensor2.log_text()
+
+
+def _write(path: Path, settings: dict[str, Any]) -> None:
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(yaml.safe_dump(settings, sort_keys=False))
+    os.replace(scratch, path)
+
+
+def test_three_ranks_tensor_match_the_single_process_daemon(
+    tensor3: DaemonProcess, reference: DaemonProcess
+) -> None:
+    _compare(tensor3, reference, "tiny-a", ONE_WAY)
+
+
+def test_two_ranks_pipeline_match_the_single_process_daemon(
+    pipeline2: DaemonProcess, reference: DaemonProcess, tiny_dirs: dict[str, Path]
+) -> None:
+    _compare(pipeline2, reference, "tiny-p")
+    status = _distributed(pipeline2)
+    assert status["strategy"] == "pipeline" and status["state"] == "serving"
+    # One layer of the two each; the embedding, norm and lm_head stay on every rank.
+    layer0 = _bytes(tiny_dirs["tiny-p"], lambda k: ".layers.0." in k)
+    rest = _bytes(tiny_dirs["tiny-p"], lambda k: ".layers." not in k)
+    for rank in status["ranks"]:
+        assert rank["weight_bytes"] == pytest.approx(rest + layer0, rel=0.01)
+
+
+def _log_events(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
+    lines = daemon.log_text().splitlines()
+    return [json.loads(x) for x in lines if x.startswith("{") and f'"{event}"' in x]
+
+
+def _ask_until(daemon: DaemonProcess, done: threading.Event) -> list[tuple[int, str]]:
+    """Completions, streamed and not in turn, until `done`: (status, body) each."""
+    answers: list[tuple[int, str]] = []
+    while not done.is_set():
+        stream = len(answers) % 2 == 1
+        body = {"model": "default", "prompt": "Hi", "max_tokens": 2, "stream": stream}
+        reply = httpx.post(f"{daemon.base_url}/v1/completions", json=body, timeout=120)
+        answers.append((reply.status_code, reply.text))
+    return answers
+
+
+def _long_completion(daemon: DaemonProcess, model: str) -> str:
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}
+    reply = httpx.post(f"{daemon.base_url}/v1/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    text: str = reply.json()["choices"][0]["text"]
+    return text
+
+
+def _in_flight(daemon: DaemonProcess) -> bool:
+    document = httpx.get(f"{daemon.base_url}/v1/status", timeout=10).json()
+    return any(block.get("requests") for block in document["models"])
