@@ -2,6 +2,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
+#include "act.h"
 #include "qmm.h"
 #include "qmm_kernel.h"
 
@@ -15,6 +16,9 @@ NB_MODULE(_qmm, m) {
       "biases"_a, "group_size"_a, "bits"_a, "max_rows"_a = 32, nb::kw_only(),
       "stream"_a = nb::none(),
       "x @ dequantize(w, scales, biases).T on the CPU; rows beyond max_rows use BLAS.");
+  m.def("swiglu", &vllm_mlx_kernels::swiglu, "gate"_a, "up"_a, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "silu(gate) * up for float32 arrays of one shape, bit-identical to mlx_lm's swiglu.");
   m.def("set_threads", &vllm_mlx_kernels::set_threads, "n"_a, "Threads per matmul.");
   m.def("threads", &vllm_mlx_kernels::threads, "Threads per matmul.");
   m.def("isa", &vllm_mlx_kernels::isa, "The instruction set in use: avx512, avx2 or scalar.");

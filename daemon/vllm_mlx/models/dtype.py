@@ -160,7 +160,7 @@ def convert(model: Any, chosen: str) -> Any:
 def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[Any, DtypeDecision]:
     import psutil
 
-    from vllm_mlx.models import qmm
+    from vllm_mlx.models import fused, qmm
 
     device = backend()
     decision = decide(
@@ -174,6 +174,8 @@ def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[
     model = convert(model, decision.chosen)
     if decision.kernel:
         qmm.swap_layers(model, blas_optimized=blas_optimized)
+    if device == "cpu":  # float32 activations on either path: the extension's SwiGLU
+        fused.swap_activations(model)
     return model, decision
 
 
