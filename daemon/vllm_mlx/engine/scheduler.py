@@ -18,6 +18,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.cache import make_prefix_cache
+from vllm_mlx.engine.generation import LeanBatchGenerator
 from vllm_mlx.engine.heap import release_free_memory
 from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
 from vllm_mlx.engine.sampling import (
@@ -132,7 +133,7 @@ class Scheduler:
     # --- engine thread -------------------------------------------------------------
 
     def _make_generator(self) -> BatchGenerator:
-        return BatchGenerator(
+        return LeanBatchGenerator(
             self._model,
             stop_tokens=[[t] for t in sorted(self._eos)],
             completion_batch_size=self._config.max_batch_size,

@@ -1,0 +1,88 @@
+"""mlx-lm's BatchGenerator with a decode step that normalizes logits only when asked.
+
+mlx-lm's `GenerationBatch._step` turns every row's logits into log-probabilities
+(`logits - logsumexp`) and evaluates them each step, whether or not anything reads them.
+On Linux MLX's CPU `exp` is scalar, so for a 49k-token vocabulary at 16 rows that was
+~7 ms of a ~100 ms step (docs/benchmarks.md). Here:
+
+- greedy rows (the shared `greedy_sampler`) take the argmax of the logits themselves:
+  the same token as the argmax of the log-probabilities, which differ by a constant per
+  row (only a rounding tie between two top logits could pick the other one);
+- other samplers get their own row's log-probabilities, computed for that row alone
+  (one sampler shared by the whole batch, like a distributed group's, gets the batch's);
+- the batch's log-probabilities stay lazy: the scheduler evaluates them only for the
+  requests that asked for logprobs (engine/logprobs.py), and nothing else pays.
+
+Each row's token and log-probabilities depend on that row's logits alone, so a sequence
+gets the same bits alone or in a batch. Prompt processing, continuous batching, caches
+and stop conditions are mlx-lm's own, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.sample_utils import greedy_sampler
+
+
+class LeanGenerationBatch(GenerationBatch):
+    def _step(self) -> tuple[list[int], list[mx.array]]:
+        inputs: mx.array = self._next_tokens  # type: ignore[assignment]
+        self._current_tokens = inputs  # type: ignore[assignment]
+        self._current_logprobs = self._next_logprobs
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        logits, token_context = self._process(inputs, logits)
+        # Lazy: evaluated only when a request's logprobs are read.
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        self._next_tokens = self._sample(logits, logprobs)
+        self._next_logprobs = list(logprobs)
+        # Start computing the next step, then wait for this one's tokens (mlx-lm's
+        # pipelining: the graph of step n+1 is built while step n computes).
+        mx.async_eval(self._next_tokens, token_context)
+        mx.eval(inputs)
+        tokens: list[int] = inputs.tolist()  # type: ignore[assignment]
+        for record, token in zip(self.tokens, tokens, strict=True):
+            record.append(token)
+        return tokens, self._current_logprobs
+
+    def _process(self, inputs: mx.array, logits: mx.array) -> tuple[mx.array, list[mx.array]]:
+        """Each row's logits processors, with that row's token history."""
+        per_row = self.logits_processors or []
+        if not any(per_row):
+            return logits, []
+        rows, contexts = [], []
+        for e, processors in enumerate(per_row):
+            row = logits[e : e + 1]
+            if processors:  # only rows with processors keep a history
+                context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
+                contexts.append(context)
+                for processor in processors:
+                    row = processor(context, row)
+            rows.append(row)
+        return mx.concatenate(rows, axis=0), contexts
+
+    def _sample(self, logits: mx.array, logprobs: mx.array) -> mx.array:
+        samplers = [self.fallback_sampler if s is None else s for s in self.samplers or ()]
+        samplers = samplers or [self.fallback_sampler] * len(self.uids)
+        first = samplers[0]
+        if all(s is first for s in samplers):  # one batched call, as mlx-lm makes it
+            return mx.argmax(logits, axis=-1) if first is greedy_sampler else first(logprobs)
+        picked = []
+        for e, sampler in enumerate(samplers):
+            row = logits[e : e + 1]
+            if sampler is greedy_sampler:
+                picked.append(mx.argmax(row, axis=-1))
+            else:
+                picked.append(sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)))
+        return mx.concatenate(picked, axis=0)
+
+
+class LeanBatchGenerator(BatchGenerator):
+    """BatchGenerator whose decode batch is a LeanGenerationBatch (new sequences take
+    mlx-lm's first step, then join it through `extend`)."""
+
+    def __init__(self, model: Any, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self._generation_batch = LeanGenerationBatch.empty(self.model, self.sampler)
