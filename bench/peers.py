@@ -95,8 +95,10 @@ def vllm_mlx_spec(
     label: str,
     engine: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
+    python: str = sys.executable,
 ) -> PeerSpec:
-    """This repo's daemon on model_dir with the default settings (plus `engine`, `model`)."""
+    """This repo's daemon on model_dir with the default settings (plus `engine`, `model`);
+    `python`: another checkout's interpreter (its venv) to measure a baseline build."""
     port = free_port()
     config = {
         "server": {"host": "127.0.0.1", "port": port},
@@ -108,7 +110,7 @@ def vllm_mlx_spec(
     }
     path = work / f"vllm-mlx-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
-    command = (sys.executable, "-m", "vllm_mlx.cli", "serve", "--config", str(path))
+    command = (python, "-m", "vllm_mlx.cli", "serve", "--config", str(path))
     return PeerSpec("vllm-mlx", label, command, model_id="bench", port=port)
 
 

@@ -3,6 +3,7 @@
     python bench/qmm.py            # ~10 minutes on 2 busy cores
     python bench/qmm.py --profile  # also py-spy and perf profiles of the decode step
     python bench/qmm.py --llama-server /path/llama-server --mlx-lm  # and the peers
+    python bench/qmm.py --mlx-lm --baseline ../main/.venv/bin/python  # and main's build
 
 Two daemons on the bundled model, same BLAS: `dtype: auto` (the kernel when built) and
 `dtype: float32` (today's path); optionally llama-server on the bundled GGUF and
@@ -101,6 +102,10 @@ def daemon_rss_mib(spec: PeerSpec) -> float:
 def peer_specs(args: argparse.Namespace, work: Path, model_dir: Path) -> list[PeerSpec]:
     """The kernel and float32 daemons, then the peers asked for (skipped ones reported)."""
     specs = [vllm_mlx_spec(work, model_dir, name, model=cfg) for name, cfg in PATHS.items()]
+    if args.baseline:  # the kernel path of another checkout (its venv's python), e.g. main
+        specs.append(
+            vllm_mlx_spec(work, model_dir, "baseline", model=PATHS["kernel"], python=args.baseline)
+        )
     if args.llama_server:
         from vllm_mlx.models.sources import builtin_path
 
@@ -202,6 +207,7 @@ def main() -> int:
     parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary")
     parser.add_argument("--threads", type=int, nargs="+", default=[2], help="llama-server -t")
     parser.add_argument("--mlx-lm", action="store_true", help="also mlx_lm.server (float32)")
+    parser.add_argument("--baseline", help="python of another checkout's venv: its kernel path")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-mlx-qmm-"))
     model_dir = model_directory()
