@@ -128,3 +128,18 @@ def test_only_the_plain_swiglu_mlp_is_swapped() -> None:
     assert fused.swap_activations(model) == 1
     assert type(model.layers[0].mlp) is GeluMLP
     assert type(model.layers[1].mlp).__name__ == "FusedMLP"
+
+
+class Refusing(nn.Linear):
+    def __call__(self, x: mx.array) -> mx.array:
+        raise ValueError("no")
+
+
+def test_a_module_the_check_cannot_run_keeps_its_class() -> None:
+    """The load-time check never fails a load: the class (checked once, on its first
+    module) stays on mlx_lm's path, for every module of it."""
+    model = tiny_llama()
+    for layer in model.layers:
+        layer.mlp.gate_proj.__class__ = Refusing
+    assert fused.swap_activations(model) == 0
+    assert all(type(layer.mlp) is llama.MLP for layer in model.layers)

@@ -53,9 +53,12 @@ def _same_outputs(module: Any, original: type) -> bool:
     if "scales" in module.gate_proj:  # packed: 32 / bits values per uint32
         dim = dim * 32 // module.gate_proj.bits
     x = mx.random.normal((3, 1, dim), key=mx.random.key(17)).astype(mx.float32)
-    fused = module(x)
-    want = original.__call__(module, x)
-    return bool(mx.array_equal(fused, want).item())
+    try:
+        fused = module(x)
+        want = original.__call__(module, x)
+        return bool(mx.array_equal(fused, want).item())
+    except Exception:  # a layout this check cannot feed: keep MLX's path, never fail the load
+        return False
 
 
 def swap_activations(model: Any) -> int:
