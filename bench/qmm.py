@@ -56,6 +56,10 @@ import mlx.core as mx
 from vllm_mlx.config import ModelSettings
 from vllm_mlx.models.loader import load_model
 process = psutil.Process()
+# The modules a first load imports (mlx_lm, transformers, our loaders: ~42 MiB) are
+# code, not weights: imported before the baseline so the delta is the weights' memory.
+import mlx_lm, mlx_lm.utils, mlx_lm.tokenizer_utils, transformers
+import vllm_mlx.models.fused, vllm_mlx.models.gguf, vllm_mlx.models.qmm
 mx.eval(mx.zeros(1)); gc.collect()
 before = process.memory_info().rss
 settings = ModelSettings(name="m", source=sys.argv[1], dtype=sys.argv[2])
