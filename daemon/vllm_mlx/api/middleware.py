@@ -25,7 +25,7 @@ from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.limits import RateLimiter, client_id, retry_after_header
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config import Settings
-from vllm_mlx.engine.residency import release_all, request_leases
+from vllm_mlx.engine.leases import release_all, request_leases
 
 log = structlog.get_logger("vllm_mlx.requests")
 

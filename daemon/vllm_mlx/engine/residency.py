@@ -6,24 +6,24 @@ checked against a settled picture and two loads never overcommit it; a model alr
 running is used without touching the lock.
 
 A request holds its model from `acquire` until its HTTP response is over (the lease
-list set per request by `request_leases`, released by the API's ASGI layer), so a
-model is never unloaded under a running request.
+list of engine/leases.py, released by the API's ASGI layer), so a model is never
+unloaded under a running request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import psutil
 import structlog
 
 from vllm_mlx.config import ModelSettings, Settings
 from vllm_mlx.engine.footprint import footprint, free_memory, is_busy, planned_prefix_cache_bound
+from vllm_mlx.engine.leases import current_leases
 from vllm_mlx.engine.registry import Loader, LoadState, ModelEntry, ModelRegistry
 from vllm_mlx.engine.scheduler_state import SchedulerConfig
 from vllm_mlx.model_metrics import ModelMetrics
@@ -33,32 +33,6 @@ log = structlog.get_logger(__name__)
 MIB = 2**20
 LOAD_ATTEMPTS = 3  # a model evicted again before its waiter resumed is loaded again
 BUSY_RECHECK_S = 1.0  # an aborted sequence still finishing delays an idle unload
-
-LeaseList = list[tuple["ModelManager", ModelEntry]]
-_leases: contextvars.ContextVar[LeaseList | None] = contextvars.ContextVar(
-    "model_leases", default=None
-)
-
-
-@contextlib.contextmanager
-def request_leases() -> Iterator[LeaseList]:
-    """Collect the models a request acquires; tasks created inside share the list.
-
-    The caller releases them (`release_all`) once the response is over.
-    """
-    held: LeaseList = []
-    token = _leases.set(held)
-    try:
-        yield held
-    finally:
-        _leases.reset(token)
-
-
-def release_all(held: LeaseList) -> None:
-    while held:
-        manager, entry = held.pop()
-        manager.release(entry)
-
 
 def in_daemon_thread(function: Callable[..., object], *args: object) -> asyncio.Future[object]:
     """`function(*args)` on a daemon thread, awaitable.
@@ -185,7 +159,7 @@ class ModelManager:
         await self.acquire(entry, hold=False)
 
     def _hold(self, entry: ModelEntry) -> None:
-        held = _leases.get()
+        held = current_leases()
         if held is None:
             return  # outside a request (nothing would release it): not counted
         entry.in_flight += 1
