@@ -373,9 +373,7 @@ def test_a_full_reload_makes_room_under_the_budget_or_changes_nothing(
     try:
         assert config["last_error"] is None and config["pending_changes"] == []
         assert states(daemon)["alpha"] == "running" and states(daemon)["bravo"] == "not_loaded"
-        assert metric(daemon, "vllm_mlx_model_evictions_total", model_name="bravo") == (
-            evicted + 1
-        )
+        assert metric(daemon, "vllm_mlx_model_evictions_total", model_name="bravo") == (evicted + 1)
         assert chat(daemon, "alpha").choices[0].message.content is not None
     finally:
         full_reload(daemon, {"alpha": {"context_length": None}})

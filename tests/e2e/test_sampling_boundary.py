@@ -57,9 +57,7 @@ def test_top_k_past_the_vocabulary_keeps_every_token(shared_daemon: DaemonProces
     unseeded sampled request until a restart."""
     client = openai.OpenAI(base_url=f"{shared_daemon.base_url}/v1", api_key="unused")
     for top_k in (49152, 10**6):
-        reply = client.chat.completions.create(
-            **CHAT, temperature=1.0, extra_body={"top_k": top_k}
-        )
+        reply = client.chat.completions.create(**CHAT, temperature=1.0, extra_body={"top_k": top_k})
         assert reply.choices[0].message.content
     messages = anthropic.Anthropic(base_url=shared_daemon.base_url, api_key="unused")
     message = messages.messages.create(

@@ -34,6 +34,7 @@ MIB = 2**20
 LOAD_ATTEMPTS = 3  # a model evicted again before its waiter resumed is loaded again
 BUSY_RECHECK_S = 1.0  # an aborted sequence still finishing delays an idle unload
 
+
 def in_daemon_thread(function: Callable[..., object], *args: object) -> asyncio.Future[object]:
     """`function(*args)` on a daemon thread, awaitable.
 
@@ -247,9 +248,7 @@ class ModelManager:
         others = [e for e in self.registry.entries() if e is not entry and e.runner is not None]
         await self._evict_for(entry.settings.name, (estimate or 0) + planned, budget, others)
 
-    async def _evict_for(
-        self, name: str, need: int, budget: int, loaded: list[ModelEntry]
-    ) -> None:
+    async def _evict_for(self, name: str, need: int, budget: int, loaded: list[ModelEntry]) -> None:
         """Unload idle unpinned models (least recently used first) until `need` more
         bytes fit beside `loaded`; ModelCapacityError, unloading nothing, when they
         cannot."""
