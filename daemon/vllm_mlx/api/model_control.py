@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from litestar import Request, post
+from litestar.params import FromPath
 
 from vllm_mlx.api.errors import APIError, model_not_found
 from vllm_mlx.api.state import ServerState
@@ -95,7 +96,7 @@ def _answer(state: ServerState, entry: ModelEntry, action: str, changed: bool) -
 
 
 @post("/models/{model_id:path}", status_code=200)
-async def model_action(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+async def model_action(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     """`POST /v1/models/{id}/load` and `/unload` (ids may hold slashes: org/name)."""
     model_id, _, action = model_id.lstrip("/").rpartition("/")
     state: ServerState = request.app.state.server  # not api.common: it imports generation

@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 from litestar import Request, Response, Router, get
 from litestar.exceptions import HTTPException
+from litestar.params import FromPath
 
 from vllm_mlx.api.anthropic import convert as anthropic_convert
 from vllm_mlx.api.common import server_state
@@ -61,7 +62,7 @@ async def list_models(request: Request[Any, Any, Any]) -> Any:
 
 
 @get("/models/{model_id:path}")
-async def get_model(request: Request[Any, Any, Any], model_id: str) -> Any:
+async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> Any:
     model_id = model_id.lstrip("/")
     state = server_state(request)
     if anthropic_convert.wants_anthropic(request.headers):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from litestar import Request, Response, Router, delete, get, post
+from litestar.params import FromPath
 from litestar.response import Stream
 
 from vllm_mlx.api import structured
@@ -191,20 +192,26 @@ def _stored(state: ServerState, response_id: str) -> Any:
 
 
 @get("/responses/{response_id:str}")
-async def get_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+async def get_response(
+    request: Request[Any, Any, Any], response_id: FromPath[str]
+) -> dict[str, Any]:
     response: dict[str, Any] = _stored(server_state(request), response_id).response
     return response
 
 
 @delete("/responses/{response_id:str}", status_code=200)
-async def delete_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+async def delete_response(
+    request: Request[Any, Any, Any], response_id: FromPath[str]
+) -> dict[str, Any]:
     if not server_state(request).responses.delete(response_id):
         raise convert.response_not_found(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
 @get("/responses/{response_id:str}/input_items")
-async def list_input_items(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+async def list_input_items(
+    request: Request[Any, Any, Any], response_id: FromPath[str]
+) -> dict[str, Any]:
     items = list(_stored(server_state(request), response_id).input_items)
     query = request.query_params
     order = query.get("order", "desc")
