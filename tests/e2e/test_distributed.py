@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DaemonProcess, launch, running
 from tests.e2e.ops_support import wait_for
+from tests.support.tiny_model import PROMPTS
 
 RANKS = 3
 MAX_TOKENS = 4
@@ -52,18 +53,6 @@ FLOAT32 = {
         }
     ]
 }
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about rain.",
-    "What is 2 + 2?",
-    "Name a primary colour.",
-    "Say hello in Spanish.",
-    "The opposite of hot is",
-    "List three fruits.",
-    "Who wrote Hamlet?",
-    "Water boils at",
-    "Describe the sea in one word.",
-]
 # The stated bound (docs/distributed.md): step_timeout (12 s here; a step takes 5-6 s
 # on a loaded 2-core machine) + 0.25 s watchdog poll + 1 s grace; slack on top.
 KILL_BOUND_S = 30.0

@@ -29,21 +29,9 @@ import yaml
 
 from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import wait_for
-from tests.support.tiny_model import bundled_tokenizer_dir, make_tiny_model
+from tests.support.tiny_model import PROMPTS, bundled_tokenizer_dir, make_tiny_model
 
 MAX_TOKENS = 8
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about rain.",
-    "What is 2 + 2?",
-    "Name a primary colour.",
-    "Say hello in Spanish.",
-    "The opposite of hot is",
-    "List three fruits.",
-    "Who wrote Hamlet?",
-    "Water boils at",
-    "Describe the sea in one word.",
-]
 # model name in the reference daemon -> (architecture, seed)
 TINY = {"tiny-a": ("llama", 0), "tiny-b": ("llama", 1), "tiny-p": ("qwen2", 2)}
 

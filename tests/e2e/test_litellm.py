@@ -33,6 +33,11 @@ def _openai(daemon: DaemonProcess) -> dict[str, Any]:
     return {"model": f"openai/{MODEL}", "api_base": f"{daemon.base_url}/v1", "api_key": "x"}
 
 
+def _anthropic(daemon: DaemonProcess) -> dict[str, Any]:
+    # Its anthropic/ provider appends /v1/messages to the base itself.
+    return {"model": f"anthropic/{MODEL}", "api_base": daemon.base_url, "api_key": "x"}
+
+
 def test_openai_provider_completion(shared_daemon: DaemonProcess) -> None:
     reply = litellm.completion(**_openai(shared_daemon), messages=ASK, max_tokens=8, temperature=0)
     choice = reply.choices[0]
@@ -55,35 +60,20 @@ def test_openai_provider_stream_matches_the_plain_reply(shared_daemon: DaemonPro
 
 
 def test_anthropic_provider_uses_the_messages_api(shared_daemon: DaemonProcess) -> None:
+    system = [{"role": "system", "content": "Be brief."}]
     reply = litellm.completion(
-        model=f"anthropic/{MODEL}",
-        api_base=shared_daemon.base_url,
-        api_key="x",
-        messages=[{"role": "system", "content": "Be brief."}, *ASK],
-        max_tokens=8,
-        temperature=0,
+        **_anthropic(shared_daemon), messages=[*system, *ASK], max_tokens=8, temperature=0
     )
     assert reply.choices[0].message.content
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert reply.usage.prompt_tokens > 0
+    plain = litellm.completion(
+        **_anthropic(shared_daemon), messages=ASK, max_tokens=8, temperature=0
+    )
     streamed = litellm.completion(
-        model=f"anthropic/{MODEL}",
-        api_base=shared_daemon.base_url,
-        api_key="x",
-        messages=ASK,
-        max_tokens=8,
-        temperature=0,
-        stream=True,
+        **_anthropic(shared_daemon), messages=ASK, max_tokens=8, temperature=0, stream=True
     )
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
-    plain = litellm.completion(
-        model=f"anthropic/{MODEL}",
-        api_base=shared_daemon.base_url,
-        api_key="x",
-        messages=ASK,
-        max_tokens=8,
-        temperature=0,
-    )
     assert text == plain.choices[0].message.content
 
 

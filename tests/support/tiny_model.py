@@ -18,6 +18,21 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+# The ten prompts every distributed comparison sends (the bundled model's and the
+# tiny models' groups against a single-process daemon).
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about rain.",
+    "What is 2 + 2?",
+    "Name a primary colour.",
+    "Say hello in Spanish.",
+    "The opposite of hot is",
+    "List three fruits.",
+    "Who wrote Hamlet?",
+    "Water boils at",
+    "Describe the sea in one word.",
+]
+
 # 6 heads and 6 KV heads, MLP 192: each divides by 2 and by 3 (tensor parallel over
 # either); 2 layers (pipeline over 2 ranks: one layer each).
 TINY = {

@@ -42,6 +42,7 @@ from vllm_mlx.engine.scheduler_state import (
     StepHook,
     StopCommand,
     describe,
+    vocab_size_of,
 )
 
 # Re-exported: the engine's users import the config from here.
@@ -73,7 +74,7 @@ class Scheduler:
         self.lockstep = lockstep
         if lockstep is not None:
             lockstep.bind(self.fail_in_flight)
-        self.vocab_size = vocab_size if vocab_size is not None else _vocab_size(model)
+        self.vocab_size = vocab_size if vocab_size is not None else vocab_size_of(model)
         self._forced = forced_tokens
         self.prefix_cache = make_prefix_cache(model, config.prefix_cache_bytes, config.paged_cache)
         self._eos = eos_token_ids
@@ -390,12 +391,3 @@ class Scheduler:
         if reason is FinishReason.ERROR:
             # Start from a clean generator: the failed step may have left it inconsistent.
             self._generator = self._make_generator()
-
-
-def _vocab_size(model: Any) -> int:
-    """Rows of the output layer: the token ids a logit exists for."""
-    args = getattr(model, "args", None)
-    size = getattr(args, "vocab_size", None)
-    if isinstance(size, int) and size > 0:
-        return size
-    raise ValueError("cannot tell the model's vocabulary size (model.args.vocab_size)")

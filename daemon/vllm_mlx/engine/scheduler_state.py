@@ -146,3 +146,12 @@ def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
         cache_bytes,
         paged,
     )
+
+
+def vocab_size_of(model: Any) -> int:
+    """Rows of the output layer: the token ids a logit exists for."""
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    raise ValueError("cannot tell the model's vocabulary size (model.args.vocab_size)")
