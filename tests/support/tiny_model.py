@@ -86,3 +86,21 @@ def make_tiny_model(directory: Path, tokenizer_dir: Path, model_type: str, seed:
     save_config(config, directory / "config.json")
     assert json.loads((directory / "config.json").read_text())["model_type"] == model_type
     return directory
+
+
+def tiny_llama(dtype: Any = None, *, rope_scaling: dict[str, Any] | None = None) -> Any:
+    """An in-memory 2-layer llama (float32 unless dtype says otherwise), for unit tests of
+    the fused ops' module swaps."""
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
+        rope_scaling=rope_scaling,
+    )  # fmt: skip
+    mx.random.seed(5)
+    model = llama.Model(args)
+    model.set_dtype(dtype or mx.float32)
+    mx.eval(model.parameters())
+    return model

@@ -11,6 +11,7 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.models.activations import swiglu
 
+from tests.support.tiny_model import tiny_llama
 from vllm_mlx.models import fused, qmm
 
 BUILT = qmm.status().available
@@ -79,18 +80,6 @@ def test_swiglu_takes_strided_inputs_and_refuses_other_dtypes() -> None:
         ext.swiglu(gate.astype(mx.float16), up.astype(mx.float16))
     with pytest.raises(ValueError, match="one shape"):
         ext.swiglu(gate, up[:1])
-
-
-def tiny_llama(dtype: mx.Dtype = mx.float32) -> llama.Model:
-    args = llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
-    )  # fmt: skip
-    mx.random.seed(5)
-    model = llama.Model(args)
-    model.set_dtype(dtype)
-    mx.eval(model.parameters())
-    return model
 
 
 @pytest.mark.parametrize("quantized", [False, True])

@@ -171,6 +171,22 @@ def test_batched_inputs_and_the_prefill_path() -> None:
 
 
 @needs_kernel
+def test_strided_inputs_and_weights_are_read_as_they_lie() -> None:
+    """x in any layout (the node copies a strided one) and lazy or strided weights (a
+    contiguous node goes in front of those) give the row-major input's bits."""
+    ext = qmm._import()
+    w = mx.random.normal((128, 80), key=mx.random.key(5)).T  # a strided view, before quantize
+    wq, scales, biases = mx.quantize(w, group_size=32, bits=4)
+    x = mx.random.normal((5, 3, 128), key=mx.random.key(6)).transpose(1, 0, 2)
+    want = ext.quantized_matmul(mx.array(x.tolist()), wq, scales, biases, 32, 4)
+    assert mx.array_equal(ext.quantized_matmul(x, wq, scales, biases, 32, 4), want).item()
+    strided_w = mx.concatenate([wq, wq], axis=1)[:, : wq.shape[1]]
+    mx.eval(strided_w)
+    got = ext.quantized_matmul(x, strided_w, scales, biases, 32, 4)
+    assert mx.array_equal(got, want).item()
+
+
+@needs_kernel
 def test_bad_arguments_raise_clear_errors() -> None:
     ext = qmm._import()
     wq, scales, biases = mx.quantize(mx.zeros((8, 64)), group_size=32, bits=4)

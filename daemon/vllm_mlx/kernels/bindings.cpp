@@ -1,8 +1,10 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/variant.h>
 
 #include "act.h"
+#include "norm.h"
 #include "qmm.h"
 #include "qmm_kernel.h"
 
@@ -19,6 +21,11 @@ NB_MODULE(_qmm, m) {
   m.def("swiglu", &vllm_mlx_kernels::swiglu, "gate"_a, "up"_a, nb::kw_only(),
         "stream"_a = nb::none(),
         "silu(gate) * up for float32 arrays of one shape, bit-identical to mlx_lm's swiglu.");
+  m.def("rms_norm", &vllm_mlx_kernels::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(),
+        "stream"_a = nb::none(), "mx.fast.rms_norm for float32, as one CPU graph node.");
+  m.def("rope", &vllm_mlx_kernels::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a,
+        "scale"_a, "offset"_a, "freqs"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.rope for float32 (offset: an int32 array), as one CPU graph node.");
   m.def("set_threads", &vllm_mlx_kernels::set_threads, "n"_a, "Threads per matmul.");
   m.def("threads", &vllm_mlx_kernels::threads, "Threads per matmul.");
   m.def("isa", &vllm_mlx_kernels::isa, "The instruction set in use: avx512, avx2 or scalar.");

@@ -5,6 +5,7 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "qmm_kernel.h"
+#include "strided.h"
 
 namespace vllm_mlx_kernels {
 
@@ -66,16 +67,21 @@ mx::array quantized_matmul(
                              std::nullopt, out_dtype, s);
     return mx::matmul(mx::astype(x, out_dtype, s), mx::transpose(wf, s), s);
   }
+  // A decode step makes ~200 of these calls, and each extra graph node costs a few
+  // microseconds on the CPU: weights already evaluated and row-contiguous (every loaded
+  // model's) go in as they are, and the node takes x in any shape and layout (eval_cpu
+  // reads a strided x through a copy), so the call adds one node, not seven.
+  auto as_is = [&](const mx::array& a) {
+    return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
+  };
   auto shape = x.shape();
   shape.back() = N;
-  auto x2 = mx::contiguous(mx::reshape(mx::astype(x, mx::float32, s), {M, K}, s), false, s);
   auto inputs = std::vector<mx::array>{
-      x2, mx::contiguous(w, false, s), mx::contiguous(scales, false, s),
-      mx::contiguous(biases, false, s)};
+      mx::astype(x, mx::float32, s), as_is(w), as_is(scales), as_is(biases)};
   auto y = mx::array(
-      {M, N}, mx::float32,
-      std::make_shared<FastQuantizedMatmul>(stream, group_size, bits), inputs);
-  return mx::astype(mx::reshape(y, shape, s), out_dtype, s);
+      std::move(shape), mx::float32,
+      std::make_shared<FastQuantizedMatmul>(stream, group_size, bits), std::move(inputs));
+  return mx::astype(y, out_dtype, s);
 }
 
 void FastQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -89,11 +95,19 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arr
     encoder.set_input_array(a);
   }
   encoder.set_output_array(out);
+  int K = w.shape(1) * 32 / bits_;
+  int M = K == 0 ? 0 : static_cast<int>(x.size() / K);
   QmmProblem p{
       x.data<float>(), w.data<uint32_t>(), scales.data<void>(), biases.data<void>(),
-      out.data<float>(), x.shape(0), w.shape(0), x.shape(1), group_size_, bits_,
-      scale_type(scales.dtype())};
-  encoder.dispatch([p]() { qmm(p); });
+      out.data<float>(), M, w.shape(0), K, group_size_, bits_, scale_type(scales.dtype())};
+  auto rows = row_major(x, encoder); // a strided x (rare: a transposed view) is copied
+  p.x = rows.data;
+  encoder.dispatch([p, fill = std::move(rows.fill)]() {
+    if (fill) {
+      fill();
+    }
+    qmm(p);
+  });
 }
 
 void FastQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {

@@ -160,7 +160,7 @@ def convert(model: Any, chosen: str) -> Any:
 def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[Any, DtypeDecision]:
     import psutil
 
-    from vllm_mlx.models import fused, qmm
+    from vllm_mlx.models import fused, fused_norms, qmm
 
     device = backend()
     decision = decide(
@@ -174,8 +174,9 @@ def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[
     model = convert(model, decision.chosen)
     if decision.kernel:
         qmm.swap_layers(model, blas_optimized=blas_optimized)
-    if device == "cpu":  # float32 activations on either path: the extension's SwiGLU
+    if device == "cpu":  # float32 activations on either path: the extension's fused ops
         fused.swap_activations(model)
+        fused_norms.swap_norms(model)
     return model, decision
 
 
