@@ -113,6 +113,17 @@ AVX512 void swiglu_avx512_all(const float* g, const float* u, float* out, size_t
   }
 }
 
+AVX512 void exp_avx512_all(float* x, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(x + i, exp_avx512(_mm512_loadu_ps(x + i)));
+  }
+  if (i < n) {
+    __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(x + i, m, exp_avx512(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
 AVX2 inline __m256 blend(__m256 if_false, __m256 if_true, __m256 mask) {
   return _mm256_blendv_ps(if_false, if_true, mask);
 }
@@ -159,6 +170,19 @@ AVX2 void swiglu_avx2_all(const float* g, const float* u, float* out, size_t n) 
   }
 }
 
+AVX2 void exp_avx2_all(float* x, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(x + i, exp_avx2(_mm256_loadu_ps(x + i)));
+  }
+  if (i < n) {
+    alignas(32) float t[8] = {};
+    std::memcpy(t, x + i, (n - i) * 4);
+    _mm256_store_ps(t, exp_avx2(_mm256_load_ps(t)));
+    std::memcpy(x + i, t, (n - i) * 4);
+  }
+}
+
 #endif
 
 } // namespace
@@ -177,6 +201,23 @@ void swiglu(const float* g, const float* u, float* out, size_t n) {
   }
 #endif
   swiglu_portable(g, u, out, n);
+}
+
+void exp_inplace(float* x, size_t n) {
+#if defined(__x86_64__)
+  const char* name = isa();
+  if (std::strcmp(name, "avx512") == 0) {
+    exp_avx512_all(x, n);
+    return;
+  }
+  if (std::strcmp(name, "avx2") == 0) {
+    exp_avx2_all(x, n);
+    return;
+  }
+#endif
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = exp_scalar(x[i]);
+  }
 }
 
 } // namespace vllm_mlx_kernels

@@ -11,4 +11,8 @@ namespace vllm_mlx_kernels {
 // n elements; g, u and out may alias only as out == g or out == u.
 void swiglu(const float* g, const float* u, float* out, size_t n);
 
+// x[i] = exp(x[i]) with MLX's CPU `exp` (the same bits as its softmax computes), n elements;
+// the instruction set isa() names, like swiglu.
+void exp_inplace(float* x, size_t n);
+
 } // namespace vllm_mlx_kernels

@@ -1,9 +1,10 @@
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
 #include "act.h"
+#include "attn.h"
 #include "norm.h"
 #include "qmm.h"
 #include "qmm_kernel.h"
@@ -26,6 +27,9 @@ NB_MODULE(_qmm, m) {
   m.def("rope", &vllm_mlx_kernels::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a,
         "scale"_a, "offset"_a, "freqs"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rope for float32 (offset: an int32 array), as one CPU graph node.");
+  m.def("sdpa_decode", &vllm_mlx_kernels::sdpa_decode, "q"_a, "k"_a, "v"_a, "scale"_a,
+        "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.scaled_dot_product_attention for one float32 query position (decode).");
   m.def("set_threads", &vllm_mlx_kernels::set_threads, "n"_a, "Threads per matmul.");
   m.def("threads", &vllm_mlx_kernels::threads, "Threads per matmul.");
   m.def("isa", &vllm_mlx_kernels::isa, "The instruction set in use: avx512, avx2 or scalar.");

@@ -181,6 +181,10 @@ void rows(Isa isa, const QmmProblem& p, const Prepared& xp, int n_begin, int n_e
 
 } // namespace
 
+ThreadPool& shared_pool() {
+  return pool();
+}
+
 bool supported(int bits, int group_size) {
   return (bits == 4 || bits == 8) &&
       (group_size == 32 || group_size == 64 || group_size == 128);

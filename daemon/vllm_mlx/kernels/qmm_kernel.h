@@ -43,4 +43,8 @@ long parallel_min();
 const char* isa();
 void set_isa(const std::string& name);
 
+// The matmul's thread pool, for the other kernels (one set of workers per process).
+class ThreadPool;
+ThreadPool& shared_pool();
+
 } // namespace vllm_mlx_kernels

@@ -160,7 +160,7 @@ def convert(model: Any, chosen: str) -> Any:
 def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[Any, DtypeDecision]:
     import psutil
 
-    from vllm_mlx.models import fused, fused_norms, qmm
+    from vllm_mlx.models import attention, fused, fused_norms, qmm
 
     device = backend()
     decision = decide(
@@ -177,6 +177,7 @@ def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[
     if device == "cpu":  # float32 activations on either path: the extension's fused ops
         fused.swap_activations(model)
         fused_norms.swap_norms(model)
+        attention.swap_attention(model)  # decode attention in one node (models/attention.py)
     return model, decision
 
 

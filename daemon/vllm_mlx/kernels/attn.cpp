@@ -1,0 +1,161 @@
+#include "attn.h"
+
+#include <algorithm>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#include "attn_kernel.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace vllm_mlx_kernels {
+
+namespace {
+
+void check(const mx::array& q, const mx::array& k, const mx::array& v,
+           const std::optional<mx::array>& mask) {
+  std::ostringstream msg;
+  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) {
+    msg << "q, k and v must be float32";
+  } else if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) {
+    msg << "q, k and v must be 4-D (batch, heads, positions, head dim)";
+  } else if (q.shape(2) != 1) {
+    msg << "q must have one position (decode), not " << q.shape(2);
+  } else if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0)) {
+    msg << "q, k and v must have one batch size";
+  } else if (k.shape(1) != v.shape(1) || k.shape(1) < 1 || q.shape(1) % k.shape(1) != 0) {
+    msg << "k and v must have one head count that divides q's (" << q.shape(1) << ")";
+  } else if (k.shape(2) != v.shape(2) || k.shape(2) < 1) {
+    msg << "k and v must have one length of at least 1";
+  } else if (k.shape(3) != q.shape(3) || q.shape(3) < 1 || v.shape(3) < 1) {
+    msg << "k's head dim must equal q's (" << q.shape(3) << ")";
+  } else if (mask && mask->dtype() != mx::bool_ && !mx::issubdtype(mask->dtype(), mx::floating)) {
+    msg << "mask must be bool or floating point";
+  } else {
+    return;
+  }
+  throw std::invalid_argument("vllm_mlx sdpa_decode: " + msg.str());
+}
+
+// A float32 4-D array's data as the kernel reads it: in place when its last dimension is
+// contiguous (the cache slices always are), else a packed copy made when the task runs
+// (the input's contents exist only then).
+struct View {
+  const float* data;
+  int64_t strides[3];
+  std::shared_ptr<std::vector<float>> copy; // set when packed
+  const float* src;
+  int shape[4];
+  int64_t src_strides[4];
+
+  void pack() const {
+    size_t i = 0;
+    for (int b = 0; b < shape[0]; ++b) {
+      for (int h = 0; h < shape[1]; ++h) {
+        for (int t = 0; t < shape[2]; ++t) {
+          for (int d = 0; d < shape[3]; ++d) {
+            (*copy)[i++] = src[b * src_strides[0] + h * src_strides[1] + t * src_strides[2] +
+                               d * src_strides[3]];
+          }
+        }
+      }
+    }
+  }
+};
+
+View view_of(const mx::array& a) {
+  const auto& st = a.strides();
+  View w{a.data<float>(), {st[0], st[1], st[2]}, nullptr, a.data<float>(), {}, {}};
+  if (st[3] == 1 || a.shape(3) == 1) {
+    return w;
+  }
+  w.copy = std::make_shared<std::vector<float>>(a.size());
+  for (int i = 0; i < 4; ++i) {
+    w.shape[i] = a.shape(i);
+    w.src_strides[i] = st[i];
+  }
+  int64_t inner = a.shape(3);
+  w.data = w.copy->data();
+  w.strides[0] = a.shape(1) * a.shape(2) * inner;
+  w.strides[1] = a.shape(2) * inner;
+  w.strides[2] = inner;
+  return w;
+}
+
+} // namespace
+
+mx::array sdpa_decode(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                      const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
+  check(q, k, v, mask);
+  auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    throw std::invalid_argument("vllm_mlx sdpa_decode runs on the CPU only");
+  }
+  int B = q.shape(0), Hq = q.shape(1), T = k.shape(2);
+  // No copies of the cache: K and V are read through their strides (see View).
+  std::vector<mx::array> inputs{q, k, v};
+  if (mask) {
+    auto m = mask->dtype() == mx::bool_ ? *mask : mx::astype(*mask, mx::float32, s);
+    try {
+      inputs.push_back(mx::broadcast_to(m, {B, Hq, 1, T}, s)); // zero strides, no copy
+    } catch (const std::invalid_argument&) {
+      std::ostringstream msg;
+      msg << "vllm_mlx sdpa_decode: the mask must broadcast to (" << B << ", " << Hq
+          << ", 1, " << T << ")";
+      throw std::invalid_argument(msg.str());
+    }
+  }
+  return mx::array({B, Hq, 1, v.shape(3)}, mx::float32,
+                   std::make_shared<DecodeAttention>(stream, scale), inputs);
+}
+
+void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  encoder.set_output_array(out);
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
+  View qv = view_of(q), kv = view_of(k), vv = view_of(v);
+  AttnProblem p{};
+  p.q = qv.data;
+  p.q_strides[0] = qv.strides[0];
+  p.q_strides[1] = qv.strides[1];
+  p.k = kv.data;
+  p.v = vv.data;
+  std::copy(kv.strides, kv.strides + 3, p.k_strides);
+  std::copy(vv.strides, vv.strides + 3, p.v_strides);
+  p.mask_kind = MaskKind::none;
+  if (inputs.size() > 3) {
+    const auto& m = inputs[3]; // (B, Hq, 1, T): skip the query-position dimension
+    p.mask = m.data<void>();
+    p.mask_strides[0] = m.strides()[0];
+    p.mask_strides[1] = m.strides()[1];
+    p.mask_strides[2] = m.strides()[3];
+    p.mask_kind = m.dtype() == mx::bool_ ? MaskKind::boolean : MaskKind::additive;
+  }
+  p.out = out.data<float>();
+  p.B = q.shape(0);
+  p.Hq = q.shape(1);
+  p.Hkv = k.shape(1);
+  p.T = k.shape(2);
+  p.D = q.shape(3);
+  p.Dv = v.shape(3);
+  p.scale = scale_;
+  encoder.dispatch([p, qv, kv, vv]() {
+    // Strided inputs (never the cache's) are packed here, once their contents exist.
+    for (const View* w : {&qv, &kv, &vv}) {
+      if (w->copy) {
+        w->pack();
+      }
+    }
+    sdpa_decode(p);
+  });
+}
+
+void DecodeAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("VllmMlxDecodeAttention runs on the CPU only");
+}
+
+} // namespace vllm_mlx_kernels

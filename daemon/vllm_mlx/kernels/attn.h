@@ -1,0 +1,43 @@
+// The MLX side of the decode attention in attn_kernel.h: an op that builds a graph node.
+#pragma once
+
+#include <optional>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace vllm_mlx_kernels {
+
+namespace mx = mlx::core;
+
+// mx.fast.scaled_dot_product_attention(q, k, v, scale, mask) for one query position:
+// float32 q (B, Hq, 1, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), Hq a multiple of Hkv, and
+// mask None, bool (false: excluded) or additive, broadcastable to (B, Hq, 1, T).
+// Returns (B, Hq, 1, Dv) float32. std::invalid_argument for anything else.
+mx::array sdpa_decode(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    const std::optional<mx::array>& mask = std::nullopt,
+    mx::StreamOrDevice s = {});
+
+class DecodeAttention : public mx::UnaryPrimitive {
+ public:
+  DecodeAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "VllmMlxDecodeAttention";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return scale_ == static_cast<const DecodeAttention&>(other).scale_;
+  }
+
+ private:
+  float scale_;
+};
+
+} // namespace vllm_mlx_kernels

@@ -1,0 +1,334 @@
+// Decode attention, per (sequence, KV head): the G query heads that share the KV head are
+// handled together (up to kBlock at a time), so each K and V row is loaded once per block:
+//   1. scores[g, t] = (q[g] * scale) . k[t]       (q scaled first, as MLX's fallback does)
+//   2. the mask: bool -> the float minimum where false (finite, like MLX's where()), or added
+//   3. softmax as MLX's precise CPU softmax: max, exp(x - max) with MLX's exp, * 1 / sum
+//   4. out[g] = sum over t of p[g, t] * v[t]
+// Each output element's operations depend only on D, Dv and T, never on the block, the batch
+// or the thread that computes it (batch invariance); the sums differ from BLAS's order, so
+// results match MLX's to rounding, not bit for bit.
+#include "attn_kernel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "act_kernel.h"
+#include "qmm_kernel.h"
+#include "thread_pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace vllm_mlx_kernels {
+
+namespace {
+
+constexpr int kBlock = 4; // query heads per pass over K and V (registers: see the PV loops)
+constexpr int kLanes = 16; // partial sums and maxima of the softmax, combined in one order
+
+// scores[j * T + t] for j < ng; and out[j * Dv + d] += sum_t p[j * T + t] * v[t][d].
+using ScoresFn = void (*)(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
+                          float* s);
+using PvFn = void (*)(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv,
+                      float* out);
+
+void scores_scalar(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
+                   float* s) {
+  for (int t = 0; t < T; ++t) {
+    const float* kr = k + t * kst;
+    for (int j = 0; j < ng; ++j) {
+      float acc = 0.0f;
+      for (int d = 0; d < D; ++d) {
+        acc += qs[j * D + d] * kr[d];
+      }
+      s[j * T + t] = acc;
+    }
+  }
+}
+
+void pv_scalar(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv, float* out) {
+  std::fill(out, out + ng * Dv, 0.0f);
+  for (int t = 0; t < T; ++t) {
+    const float* vr = v + t * vst;
+    for (int j = 0; j < ng; ++j) {
+      float pj = pr[j * T + t];
+      for (int d = 0; d < Dv; ++d) {
+        out[j * Dv + d] += pj * vr[d];
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX512 inline __mmask16 mask16(int n) { // the first min(max(n, 0), 16) lanes
+  return n >= 16 ? static_cast<__mmask16>(0xffff)
+                 : static_cast<__mmask16>(n <= 0 ? 0 : (1u << n) - 1);
+}
+
+template <int NG>
+AVX512 void scores_avx512_n(const float* qs, int D, const float* k, int64_t kst, int T,
+                            float* s) {
+  for (int t = 0; t < T; ++t) {
+    const float* kr = k + t * kst;
+    __m512 acc[NG];
+    for (int j = 0; j < NG; ++j) {
+      acc[j] = _mm512_setzero_ps();
+    }
+    for (int d = 0; d < D; d += 16) {
+      __mmask16 m = mask16(D - d);
+      __m512 kv = _mm512_maskz_loadu_ps(m, kr + d);
+      for (int j = 0; j < NG; ++j) {
+        acc[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qs + j * D + d), kv, acc[j]);
+      }
+    }
+    for (int j = 0; j < NG; ++j) {
+      s[j * T + t] = _mm512_reduce_add_ps(acc[j]);
+    }
+  }
+}
+
+// 4 vectors of V per pass: NG x 4 accumulators + 4 loads fit the 32 zmm registers.
+template <int NG>
+AVX512 void pv_avx512_n(const float* pr, int T, const float* v, int64_t vst, int Dv,
+                        float* out) {
+  for (int c = 0; c < Dv; c += 64) {
+    __mmask16 m[4];
+    __m512 acc[NG][4];
+    for (int i = 0; i < 4; ++i) {
+      m[i] = mask16(Dv - c - 16 * i);
+      for (int j = 0; j < NG; ++j) {
+        acc[j][i] = _mm512_setzero_ps();
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const float* vr = v + t * vst + c;
+      __m512 vv[4];
+      for (int i = 0; i < 4; ++i) {
+        vv[i] = _mm512_maskz_loadu_ps(m[i], vr + 16 * i);
+      }
+      for (int j = 0; j < NG; ++j) {
+        __m512 pj = _mm512_set1_ps(pr[j * T + t]);
+        for (int i = 0; i < 4; ++i) {
+          acc[j][i] = _mm512_fmadd_ps(pj, vv[i], acc[j][i]);
+        }
+      }
+    }
+    for (int j = 0; j < NG; ++j) {
+      for (int i = 0; i < 4; ++i) {
+        _mm512_mask_storeu_ps(out + j * Dv + c + 16 * i, m[i], acc[j][i]);
+      }
+    }
+  }
+}
+
+AVX2 inline __m256i mask8(int n) { // lanes below min(max(n, 0), 8) all ones
+  static const int32_t table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + 8 - std::clamp(n, 0, 8)));
+}
+
+AVX2 inline float sum8(__m256 x) { // one fixed order
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+template <int NG>
+AVX2 void scores_avx2_n(const float* qs, int D, const float* k, int64_t kst, int T, float* s) {
+  for (int t = 0; t < T; ++t) {
+    const float* kr = k + t * kst;
+    __m256 acc[NG];
+    for (int j = 0; j < NG; ++j) {
+      acc[j] = _mm256_setzero_ps();
+    }
+    for (int d = 0; d < D; d += 8) {
+      __m256i m = mask8(D - d);
+      __m256 kv = _mm256_maskload_ps(kr + d, m);
+      for (int j = 0; j < NG; ++j) {
+        acc[j] = _mm256_fmadd_ps(_mm256_maskload_ps(qs + j * D + d, m), kv, acc[j]);
+      }
+    }
+    for (int j = 0; j < NG; ++j) {
+      s[j * T + t] = sum8(acc[j]);
+    }
+  }
+}
+
+// 2 vectors of V per pass: NG x 2 accumulators + 2 loads stay within the 16 ymm registers.
+template <int NG>
+AVX2 void pv_avx2_n(const float* pr, int T, const float* v, int64_t vst, int Dv, float* out) {
+  for (int c = 0; c < Dv; c += 16) {
+    __m256i m[2] = {mask8(Dv - c), mask8(Dv - c - 8)};
+    __m256 acc[NG][2];
+    for (int j = 0; j < NG; ++j) {
+      acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    }
+    for (int t = 0; t < T; ++t) {
+      const float* vr = v + t * vst + c;
+      __m256 v0 = _mm256_maskload_ps(vr, m[0]);
+      __m256 v1 = _mm256_maskload_ps(vr + 8, m[1]);
+      for (int j = 0; j < NG; ++j) {
+        __m256 pj = _mm256_set1_ps(pr[j * T + t]);
+        acc[j][0] = _mm256_fmadd_ps(pj, v0, acc[j][0]);
+        acc[j][1] = _mm256_fmadd_ps(pj, v1, acc[j][1]);
+      }
+    }
+    for (int j = 0; j < NG; ++j) {
+      _mm256_maskstore_ps(out + j * Dv + c, m[0], acc[j][0]);
+      _mm256_maskstore_ps(out + j * Dv + c + 8, m[1], acc[j][1]);
+    }
+  }
+}
+
+// The block size is a template argument so the accumulators live in registers.
+#define BY_BLOCK(fn, ng, ...)                                                                \
+  switch (ng) {                                                                              \
+    case 1: fn<1>(__VA_ARGS__); break;                                                       \
+    case 2: fn<2>(__VA_ARGS__); break;                                                       \
+    case 3: fn<3>(__VA_ARGS__); break;                                                       \
+    default: fn<4>(__VA_ARGS__); break;                                                      \
+  }
+
+void scores_avx512(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
+                   float* s) {
+  BY_BLOCK(scores_avx512_n, ng, qs, D, k, kst, T, s)
+}
+void pv_avx512(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv, float* o) {
+  BY_BLOCK(pv_avx512_n, ng, pr, T, v, vst, Dv, o)
+}
+void scores_avx2(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
+                 float* s) {
+  BY_BLOCK(scores_avx2_n, ng, qs, D, k, kst, T, s)
+}
+void pv_avx2(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv, float* o) {
+  BY_BLOCK(pv_avx2_n, ng, pr, T, v, vst, Dv, o)
+}
+
+#endif
+
+void apply_mask(const AttnProblem& p, int b, int h, float* s) {
+  int64_t base = b * p.mask_strides[0] + h * p.mask_strides[1];
+  int64_t st = p.mask_strides[2];
+  if (p.mask_kind == MaskKind::boolean) {
+    const bool* m = static_cast<const bool*>(p.mask) + base;
+    for (int t = 0; t < p.T; ++t) {
+      if (!m[t * st]) {
+        s[t] = std::numeric_limits<float>::lowest(); // MLX: finfo(float32).min
+      }
+    }
+  } else if (p.mask_kind == MaskKind::additive) {
+    const float* m = static_cast<const float*>(p.mask) + base;
+    for (int t = 0; t < p.T; ++t) {
+      s[t] += m[t * st];
+    }
+  }
+}
+
+// Lane-wise partial maxima and sums (plain loops the compiler vectorizes without
+// reordering any lane's additions), combined in lane order.
+void softmax(float* s, int T) {
+  float lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, -std::numeric_limits<float>::infinity());
+  for (int t = 0; t < T; ++t) {
+    lanes[t % kLanes] = std::max(lanes[t % kLanes], s[t]);
+  }
+  float top = lanes[0];
+  for (int i = 1; i < kLanes; ++i) {
+    top = std::max(top, lanes[i]);
+  }
+  for (int t = 0; t < T; ++t) {
+    s[t] -= top;
+  }
+  exp_inplace(s, static_cast<size_t>(T));
+  std::fill(lanes, lanes + kLanes, 0.0f);
+  for (int t = 0; t < T; ++t) {
+    lanes[t % kLanes] += s[t];
+  }
+  float sum = 0.0f;
+  for (float x : lanes) {
+    sum += x;
+  }
+  float inv = 1.0f / sum;
+  for (int t = 0; t < T; ++t) {
+    s[t] *= inv;
+  }
+}
+
+struct Kernels {
+  ScoresFn scores;
+  PvFn pv;
+};
+
+Kernels kernels() {
+#if defined(__x86_64__)
+  const char* name = isa();
+  if (std::strcmp(name, "avx512") == 0) {
+    return {scores_avx512, pv_avx512};
+  }
+  if (std::strcmp(name, "avx2") == 0) {
+    return {scores_avx2, pv_avx2};
+  }
+#endif
+  return {scores_scalar, pv_scalar};
+}
+
+// One (sequence b, KV head kh): its G query heads in blocks of kBlock.
+void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
+  int G = p.Hq / p.Hkv;
+  thread_local std::vector<float> scratch; // per thread: workers get their own
+  scratch.resize(static_cast<size_t>(G) * (p.D + p.T));
+  float* qs = scratch.data();
+  float* s = qs + static_cast<size_t>(G) * p.D;
+  for (int g = 0; g < G; ++g) {
+    const float* qr = p.q + b * p.q_strides[0] + (kh * G + g) * p.q_strides[1];
+    for (int d = 0; d < p.D; ++d) {
+      qs[g * p.D + d] = qr[d] * p.scale;
+    }
+  }
+  const float* k = p.k + b * p.k_strides[0] + kh * p.k_strides[1];
+  const float* v = p.v + b * p.v_strides[0] + kh * p.v_strides[1];
+  for (int g = 0; g < G; g += kBlock) {
+    kern.scores(qs + g * p.D, std::min(kBlock, G - g), p.D, k, p.k_strides[2], p.T,
+                s + static_cast<size_t>(g) * p.T);
+  }
+  for (int g = 0; g < G; ++g) {
+    apply_mask(p, b, kh * G + g, s + static_cast<size_t>(g) * p.T);
+    softmax(s + static_cast<size_t>(g) * p.T, p.T);
+  }
+  float* out = p.out + (static_cast<size_t>(b) * p.Hq + kh * G) * p.Dv;
+  for (int g = 0; g < G; g += kBlock) {
+    kern.pv(s + static_cast<size_t>(g) * p.T, std::min(kBlock, G - g), p.T, v, p.v_strides[2],
+            p.Dv, out + static_cast<size_t>(g) * p.Dv);
+  }
+}
+
+} // namespace
+
+void sdpa_decode(const AttnProblem& p) {
+  const Kernels kern = kernels(); // one instruction set for the whole call
+  int units = p.B * p.Hkv;
+  auto run = [&](int u0, int u1) {
+    for (int u = u0; u < u1; ++u) {
+      attend(p, kern, u / p.Hkv, u % p.Hkv);
+    }
+  };
+  // The matmul's rule (qmm_kernel.cpp): waking a worker costs more than small work saves.
+  long work = static_cast<long>(p.B) * p.Hq * p.T * (p.D + p.Dv);
+  int n_threads = work < parallel_min() ? 1 : std::min(threads(), units);
+  if (n_threads <= 1) {
+    run(0, units);
+    return;
+  }
+  // About 4 chunks per thread, so a late worker costs one chunk.
+  int per = (units + 4 * n_threads - 1) / (4 * n_threads);
+  int chunks = (units + per - 1) / per;
+  shared_pool().run(n_threads, chunks, [&](int c) { run(c * per, std::min(units, (c + 1) * per)); });
+}
+
+} // namespace vllm_mlx_kernels

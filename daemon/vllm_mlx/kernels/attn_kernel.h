@@ -1,0 +1,40 @@
+// Decode attention on the CPU: one query position per sequence against its KV cache,
+//   out[b, h] = softmax(scale * q[b, h] . k[b, h / G, t] (+ mask[b, h, t])) @ v[b, h / G, t]
+// with G = Hq / Hkv query heads per KV head (grouped-query attention). What MLX's CPU
+// scaled_dot_product_attention computes as ~10 graph nodes and two tiny BLAS calls per
+// head, in one pass that reads each K and V row once per group of query heads.
+#pragma once
+
+#include <cstdint>
+
+namespace vllm_mlx_kernels {
+
+enum class MaskKind { none, boolean, additive };
+
+struct AttnProblem {
+  // Strides in elements over (batch, head[, position]); the last dimension is contiguous.
+  // K and V are read in place: they are slices of the cache's larger buffer.
+  const float* q; // (B, Hq, D)
+  int64_t q_strides[2];
+  const float* k; // (B, Hkv, T, D)
+  int64_t k_strides[3];
+  const float* v; // (B, Hkv, T, Dv)
+  int64_t v_strides[3];
+  const void* mask; // (B, Hq, T) of bool (false: excluded) or float32 (added), or null
+  int64_t mask_strides[3]; // zero along broadcast dimensions
+  MaskKind mask_kind;
+  float* out; // (B, Hq, Dv), row-major
+  int B;
+  int Hq;
+  int Hkv;
+  int T;
+  int D;
+  int Dv;
+  float scale;
+};
+
+// Splits (batch, KV head) pairs over the matmul's thread pool when the work is large; a
+// row's arithmetic never depends on the batch, the split or the thread count.
+void sdpa_decode(const AttnProblem& p);
+
+} // namespace vllm_mlx_kernels

@@ -1,0 +1,114 @@
+"""The bundled model with the extension's decode attention against MLX's own SDPA.
+
+Greedy output must be identical, or differ only from a step where MLX's path's two best
+logits are within 1e-3 of each other (a near tie either path may break either way): the
+kernel sums in another order than BLAS, so logits agree to rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+from vllm_mlx.config import ModelSettings
+from vllm_mlx.models import attention, qmm
+from vllm_mlx.models.loaded import LoadedModel
+from vllm_mlx.models.loader import load_model
+
+pytestmark = pytest.mark.skipif(
+    not attention.available(), reason=f"kernel: {qmm.status().detail}"
+)
+TIE = 1e-3
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Why is the sky blue?",
+    "Who wrote Romeo and Juliet?",
+]
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def loaded(model_cache_dir: Path) -> Iterator[LoadedModel]:
+    settings = ModelSettings(name="smol", source="builtin:smollm2-135m-instruct")
+    loaded = load_model(settings, model_cache_dir)
+    assert isinstance(loaded, LoadedModel)
+    assert attention.uses_kernel(loaded.model)  # apply_dtype swapped it in on the CPU
+    yield loaded
+    attention.swap_attention(loaded.model)  # as loaded, for the modules after this one
+
+
+def prompts(loaded: LoadedModel) -> list[list[int]]:
+    template = loaded.tokenizer.apply_chat_template
+    return [
+        list(template([{"role": "user", "content": text}], add_generation_prompt=True))
+        for text in PROMPTS
+    ]
+
+
+def greedy(model: Any, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """Greedy tokens and, per step, the gap between the two largest logits."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    tokens, gaps = [], []
+    for _ in range(NEW_TOKENS):
+        top = mx.sort(logits)[-2:]
+        gaps.append(float((top[1] - top[0]).item()))
+        tokens.append(int(mx.argmax(logits).item()))
+        logits = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1]
+    return tokens, gaps
+
+
+def batched(model: Any, rows: list[list[int]]) -> mx.array:
+    """Left-padded prompts in one BatchKVCache (the engine's layout, a bool mask per row):
+    the logits of NEW_TOKENS greedy decode steps, (steps, batch, vocab)."""
+    width = max(map(len, rows))
+    pads = [width - len(r) for r in rows]
+    cache = [BatchKVCache(pads) for _ in model.layers]
+    logits = model(mx.array([[0] * p + r for p, r in zip(pads, rows, strict=True)]), cache=cache)
+    steps = []
+    for _ in range(NEW_TOKENS):
+        y = mx.argmax(logits[:, -1, :], axis=-1)[:, None]
+        logits = model(y, cache=cache)
+        steps.append(logits[:, -1, :])
+    return mx.stack(steps)
+
+
+def first_difference(got: list[int], want: list[int]) -> int | None:
+    return next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None)
+
+
+def test_greedy_output_matches_mlx_attention(loaded: LoadedModel) -> None:
+    model = loaded.model
+    results = []
+    for prompt in prompts(loaded):
+        attention.restore_attention(model)
+        want, gaps = greedy(model, prompt)
+        attention.swap_attention(model)
+        got, _ = greedy(model, prompt)
+        step = first_difference(got, want)
+        results.append((step, gaps[step] if step is not None else None))
+    assert all(step is None or gap < TIE for step, gap in results), results
+
+
+def test_batched_decode_with_padding_masks_matches(loaded: LoadedModel) -> None:
+    model = loaded.model
+    rows = prompts(loaded)[:4]
+    attention.restore_attention(model)
+    want = batched(model, rows)
+    attention.swap_attention(model)
+    got = batched(model, rows)
+    # Both paths feed their own argmax back: compare the steps before any token differs.
+    same = mx.argmax(got, axis=-1) == mx.argmax(want, axis=-1)
+    first_step = mx.all(same, axis=1)
+    agree = int(mx.argmin(first_step).item()) if not first_step.all().item() else NEW_TOKENS
+    assert agree >= 1
+    err = mx.abs(got[:agree] - want[:agree]).max().item()
+    scale = mx.abs(want[:agree]).max().item()
+    assert err <= 1e-4 * scale, (err, scale)

@@ -1,0 +1,226 @@
+"""The extension's decode attention against mx.fast.scaled_dot_product_attention, and the
+swap of mlx_lm's attention function around it (models/attention.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import base, llama
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+from vllm_mlx.models import attention, qmm
+
+BUILT = attention.available()
+pytestmark = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")
+NAME = "scaled_dot_product_attention"
+TOL = 2e-5  # BLAS sums in another order: rounding, never more
+
+
+def isas() -> list[str]:
+    if not BUILT:
+        return []
+    ext, found = qmm._import(), []
+    for name in ("avx512", "avx2", "scalar"):
+        try:
+            ext.set_isa(name)
+        except ValueError:
+            continue
+        found.append(name)
+    ext.set_isa("best")
+    return found
+
+
+@pytest.fixture(params=isas())
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    qmm._import().set_isa(request.param)
+    yield request.param
+    qmm._import().set_isa("best")
+
+
+@pytest.fixture
+def threaded() -> Iterator[None]:
+    """Two threads on any work, so the pool splits even small calls."""
+    ext = qmm._import()
+    threads, parallel_min = ext.threads(), ext.parallel_min()
+    ext.set_threads(2)
+    ext.set_parallel_min(0)
+    yield
+    ext.set_threads(threads)
+    ext.set_parallel_min(parallel_min)
+
+
+def qkv(
+    b: int, hq: int, hkv: int, d: int, t: int, dv: int | None = None, seed: int = 0
+) -> tuple[mx.array, mx.array, mx.array]:
+    """q, and k and v as slices of a longer cache buffer, as mlx_lm's KVCache returns them."""
+    dv = d if dv is None else dv
+    q = mx.random.normal((b, hq, 1, d), key=mx.random.key(seed))
+    keys = mx.random.normal((b, hkv, t + 37, d), key=mx.random.key(seed + 1))
+    values = mx.random.normal((b, hkv, t + 37, dv), key=mx.random.key(seed + 2))
+    return q, keys[..., :t, :], values[..., :t, :]
+
+
+def masks(b: int, hq: int, t: int) -> list[mx.array | None]:
+    keep = mx.random.uniform(shape=(b, 1, 1, t), key=mx.random.key(t)) > 0.3
+    per_head = mx.random.uniform(shape=(b, hq, 1, t), key=mx.random.key(t + 1)) > 0.5
+    return [None, keep, per_head, mx.where(keep, 0.0, -1e9), mx.where(per_head, 0.5, -3.0)]
+
+
+def close(got: mx.array, want: mx.array) -> None:
+    assert got.shape == want.shape and got.dtype == mx.float32
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=TOL, atol=TOL)
+
+
+def same_bits(got: mx.array, want: mx.array) -> bool:
+    return bool((np.array(got).view(np.uint32) == np.array(want).view(np.uint32)).all())
+
+
+def reference(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None
+) -> mx.array:
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+SHAPES = [  # (B, Hq, Hkv, D, T, Dv): GQA 9/3 as the bundled model, MHA, MQA, odd tails
+    (1, 9, 3, 64, 1, 64),
+    (2, 9, 3, 64, 37, 64),
+    (5, 9, 3, 64, 255, 64),
+    (3, 4, 4, 128, 700, 128),
+    (1, 8, 1, 64, 129, 64),
+    (2, 8, 1, 128, 16, 128),
+    (2, 6, 2, 72, 41, 40),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_mlx_for_every_shape_and_mask(isa: str, shape: tuple[int, ...]) -> None:
+    b, hq, hkv, d, t, dv = shape
+    q, k, v = qkv(b, hq, hkv, d, t, dv, seed=t)
+    for mask in masks(b, hq, t):
+        got = qmm._import().sdpa_decode(q, k, v, d**-0.5, mask)
+        close(got, reference(q, k, v, d**-0.5, mask))
+
+
+def test_all_masked_rows_stay_finite_like_mlx(isa: str) -> None:
+    """MLX masks with finfo.min, not -inf: a row with nothing to attend averages V."""
+    q, k, v = qkv(3, 9, 3, 64, 20)
+    keep = mx.array([True] * 20)[None] & mx.array([[True], [False], [True]])
+    mask = keep.reshape(3, 1, 1, 20)
+    got = qmm._import().sdpa_decode(q, k, v, 0.125, mask)
+    assert bool(mx.isfinite(got).all().item())
+    close(got, reference(q, k, v, 0.125, mask))
+    close(got[1], mx.repeat(v[1].mean(axis=1, keepdims=True), 3, axis=0))
+
+
+def test_left_padding_mask_of_a_batch_cache(isa: str) -> None:
+    """The mask mlx_lm's BatchKVCache makes for a decode step (left-padded prompts)."""
+    cache = BatchKVCache([0, 3, 5])
+    k = mx.random.normal((3, 3, 12, 64), key=mx.random.key(5))
+    v = mx.random.normal((3, 3, 12, 64), key=mx.random.key(6))
+    cache.update_and_fetch(k, v)
+    mask = cache.make_mask(1)  # as the model does: before the step's keys are added
+    keys, values = cache.update_and_fetch(k[:, :, :1], v[:, :, :1])
+    assert isinstance(mask, mx.array) and not bool(mask.all().item())
+    q = mx.random.normal((3, 9, 1, 64), key=mx.random.key(7))
+    got = qmm._import().sdpa_decode(q, keys, values, 0.125, mask)
+    close(got, reference(q, keys, values, 0.125, mask))
+
+
+def test_large_scores_and_extreme_values(isa: str) -> None:
+    q, k, v = qkv(2, 4, 2, 64, 50)
+    for scale in (8.0, 1e-6):
+        close(qmm._import().sdpa_decode(q, k, v, scale), reference(q, k, v, scale, None))
+
+
+def test_threads_and_batch_give_each_row_the_same_bits(isa: str, threaded: None) -> None:
+    """A sequence alone (one thread) and inside a batch split over threads: bit for bit."""
+    ext = qmm._import()
+    q, k, v = qkv(5, 9, 3, 64, 133)
+    mask = masks(5, 9, 133)[1]
+    assert mask is not None
+    batch = ext.sdpa_decode(q, k, v, 0.125, mask)
+    ext.set_threads(1)
+    for i in range(5):
+        alone = ext.sdpa_decode(q[i : i + 1], k[i : i + 1], v[i : i + 1], 0.125, mask[i : i + 1])
+        assert same_bits(alone, batch[i : i + 1]), i
+
+
+def test_inputs_not_contiguous_in_the_last_dimension_are_read_right(isa: str) -> None:
+    q, k, v = qkv(2, 4, 2, 64, 30)
+    kt = mx.swapaxes(mx.swapaxes(k, 2, 3) + 0, 2, 3)  # last-dimension stride != 1
+    vt = mx.swapaxes(mx.swapaxes(v, 2, 3) + 0, 2, 3)
+    qt = mx.swapaxes(mx.swapaxes(q, 2, 3) + 0, 2, 3)
+    close(qmm._import().sdpa_decode(qt, kt, vt, 0.125), reference(q, k, v, 0.125, None))
+
+
+def test_bad_inputs_raise_value_errors() -> None:
+    ext = qmm._import()
+    q, k, v = qkv(2, 9, 3, 64, 10)
+    bad = [
+        ((q.astype(mx.float16), k, v), "float32"),
+        ((q[..., 0, :], k, v), "4-D"),
+        ((mx.concatenate([q, q], axis=2), k, v), "one position"),
+        ((q[:1], k, v), "batch size"),
+        ((q[:, :8], k, v), "divides"),
+        ((q, k, v[:, :, :5]), "length"),
+        ((q, k[..., :0, :], v[..., :0, :]), "length"),
+        ((q[..., :32], k, v), "head dim"),
+    ]
+    for args, message in bad:
+        with pytest.raises(ValueError, match=message):
+            ext.sdpa_decode(*args, 0.125)
+    with pytest.raises(ValueError, match="broadcast"):
+        ext.sdpa_decode(q, k, v, 0.125, mx.ones((2, 1, 1, 11), dtype=mx.bool_))
+    with pytest.raises(ValueError, match="bool or floating"):
+        ext.sdpa_decode(q, k, v, 0.125, mx.ones((2, 1, 1, 10), dtype=mx.int32))
+
+
+def tiny_llama() -> llama.Model:
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=100,
+    )
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_swap_routes_decode_steps_and_is_idempotent_and_reversible() -> None:
+    model = tiny_llama()
+    attention.restore_attention(model)
+    try:
+        tokens = mx.array([[1, 5, 9, 3, 7]])
+        caches = [make_prompt_cache(model), make_prompt_cache(model)]
+        want_prefill = model(tokens, cache=caches[0])
+        want = model(mx.array([[4]]), cache=caches[0])
+        assert attention.swap_attention(model) == 1 and attention.swap_attention(model) == 1
+        assert llama.__dict__[NAME] is attention.scaled_dot_product_attention
+        assert attention.uses_kernel(model)
+        # Prefill (5 positions) goes to mlx_lm's original: the same bits.
+        assert same_bits(model(tokens, cache=caches[1]), want_prefill)
+        close(model(mx.array([[4]]), cache=caches[1]), want)
+    finally:
+        assert attention.restore_attention(model) == 1
+    assert llama.__dict__[NAME] is base.scaled_dot_product_attention
+    assert not attention.uses_kernel(model)
+
+
+def test_the_wrapper_leaves_other_cases_to_mlx_lm() -> None:
+    q, k, v = qkv(1, 4, 2, 64, 9)
+    cases: list[tuple[mx.array | str | None, mx.array | None]] = [
+        (None, mx.zeros((4,))),  # attention sinks
+        ("causal", None),
+    ]
+    for mask, sinks in cases:
+        got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, mask, sinks)
+        want = base.scaled_dot_product_attention(q, k, v, None, 0.125, mask, sinks)  # type: ignore[arg-type]
+        assert same_bits(got, want)
