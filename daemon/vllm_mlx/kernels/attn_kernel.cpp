@@ -319,7 +319,11 @@ void sdpa_decode(const AttnProblem& p) {
     }
   };
   // The matmul's rule (qmm_kernel.cpp): waking a worker costs more than small work saves.
-  long work = static_cast<long>(p.B) * p.Hq * p.T * (p.D + p.Dv);
+  // Work in its units: an FMA per query head, and loading a K or V element ~2 FMAs (like
+  // unpacking a weight). On the shared 2-core machine a second thread gained nothing
+  // measurable even at 16 x 1000 positions (it is memory-bound
+  // there), so the threshold stays the matmul's rather than a lower one of our own.
+  long work = static_cast<long>(p.B) * p.T * (p.D + p.Dv) * (p.Hq + 2 * p.Hkv);
   int n_threads = work < parallel_min() ? 1 : std::min(threads(), units);
   if (n_threads <= 1) {
     run(0, units);
@@ -328,7 +332,8 @@ void sdpa_decode(const AttnProblem& p) {
   // About 4 chunks per thread, so a late worker costs one chunk.
   int per = (units + 4 * n_threads - 1) / (4 * n_threads);
   int chunks = (units + per - 1) / per;
-  shared_pool().run(n_threads, chunks, [&](int c) { run(c * per, std::min(units, (c + 1) * per)); });
+  shared_pool().run(n_threads, chunks,
+                    [&](int c) { run(c * per, std::min(units, (c + 1) * per)); });
 }
 
 } // namespace vllm_mlx_kernels
