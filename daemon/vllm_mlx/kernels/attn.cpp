@@ -7,6 +7,7 @@
 
 #include "attn_kernel.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "strided.h"
 
 namespace vllm_mlx_kernels {
 
@@ -45,21 +46,11 @@ struct View {
   int64_t strides[3];
   std::shared_ptr<std::vector<float>> copy; // set when packed
   const float* src;
-  int shape[4];
-  int64_t src_strides[4];
+  mx::Shape shape;
+  mx::Strides src_strides;
 
   void pack() const {
-    size_t i = 0;
-    for (int b = 0; b < shape[0]; ++b) {
-      for (int h = 0; h < shape[1]; ++h) {
-        for (int t = 0; t < shape[2]; ++t) {
-          for (int d = 0; d < shape[3]; ++d) {
-            (*copy)[i++] = src[b * src_strides[0] + h * src_strides[1] + t * src_strides[2] +
-                               d * src_strides[3]];
-          }
-        }
-      }
-    }
+    gather_strided(src, shape, src_strides, copy->data());
   }
 };
 
@@ -70,10 +61,8 @@ View view_of(const mx::array& a) {
     return w;
   }
   w.copy = std::make_shared<std::vector<float>>(a.size());
-  for (int i = 0; i < 4; ++i) {
-    w.shape[i] = a.shape(i);
-    w.src_strides[i] = st[i];
-  }
+  w.shape = a.shape();
+  w.src_strides = st;
   int64_t inner = a.shape(3);
   w.data = w.copy->data();
   w.strides[0] = a.shape(1) * a.shape(2) * inner;
