@@ -114,6 +114,8 @@ def test_the_swap_keeps_every_logit_bit_for_bit(rope_scaling: dict[str, object] 
     rope_class = fused_norms.FusedLlama3RoPE if rope_scaling else fused_norms.FusedRoPE
     assert type(model.layers[0].self_attn.rope) is rope_class
     assert all(same(g, w) for g, w in zip(decode(model, 6), want, strict=True))
+    fused_norms.restore_norms(model)
+    assert not fused_norms.uses_fused_norms(model)
 
 
 def test_other_dtypes_fall_back_to_mlx() -> None:

@@ -115,6 +115,14 @@ def swap_norms(model: Any) -> int:
     return swapped
 
 
+def restore_norms(model: Any) -> None:
+    """Back to MLX's path (benchmarks compare both in one process)."""
+    originals = {fused: original for original, fused in _FUSED.items()}
+    for _, module in model.named_modules():
+        if type(module) in originals:
+            module.__class__ = originals[type(module)]
+
+
 def uses_fused_norms(model: Any) -> bool:
     fused = tuple(_FUSED.values())
     return any(isinstance(m, fused) for _, m in model.named_modules())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -60,8 +61,14 @@ def _status() -> KernelStatus:
     return KernelStatus(True, f"{ext.isa()}, {ext.threads()} threads")
 
 
+_MODULE = "vllm_mlx.kernels._qmm"
+
+
 def _import() -> ModuleType:
-    return importlib.import_module("vllm_mlx.kernels._qmm")
+    # sys.modules first: a decode step calls this ~300 times, and import_module's
+    # machinery costs microseconds a call (a None entry still fails through it).
+    module = sys.modules.get(_MODULE)
+    return module if module is not None else importlib.import_module(_MODULE)
 
 
 def _why_missing(exc: ImportError) -> str:

@@ -1,6 +1,9 @@
-"""Decode steps of the bundled model with and without the extension's attention, interleaved.
+"""Decode steps of the bundled model with and without one of the extension's fused ops.
 
-    python bench/attention.py [--context 200] [--rounds 8] [--steps 16]
+    python bench/fused_ops.py [--op attention|norms] [--context 200] [--rounds 8] [--steps 16]
+
+`attention`: the decode attention (models/attention.py); `norms`: RMS norm and RoPE
+(models/fused_norms.py). The other fused ops stay on in both variants.
 
 One process, one loaded model; each batch size gets two caches prefilled alike (batch 1:
 mlx_lm's KVCache, no mask; larger batches: BatchKVCache with left padding, so the bool
@@ -24,7 +27,7 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from bench.peers import model_directory
 from vllm_mlx.config import ModelSettings
-from vllm_mlx.models import attention
+from vllm_mlx.models import attention, fused_norms
 from vllm_mlx.models.loaded import LoadedModel
 from vllm_mlx.models.loader import load_model
 
@@ -49,19 +52,26 @@ def timed(model: Any, cache: list[Any], y: mx.array, steps: int) -> tuple[float,
     return (time.perf_counter() - start) * 1000 / steps, y
 
 
+SWITCHES = {
+    "attention": (attention.swap_attention, attention.restore_attention),
+    "norms": (fused_norms.swap_norms, fused_norms.restore_norms),
+}
+
+
 def compare(model: Any, batch: int, args: argparse.Namespace) -> None:
+    swap, restore = SWITCHES[args.op]
     states = {name: prefilled(model, batch, args.context) for name in ("mlx", "kernel")}
     times: dict[str, list[float]] = {"mlx": [], "kernel": []}
     for _ in range(args.rounds):
         for name in ("mlx", "kernel"):
-            (attention.swap_attention if name == "kernel" else attention.restore_attention)(model)
+            (swap if name == "kernel" else restore)(model)
             cache, y = states[name]
             ms, y = timed(model, cache, y, args.steps)
             states[name] = (cache, y)
             times[name].append(ms)
     mlx, kernel = (statistics.median(times[n]) for n in ("mlx", "kernel"))
     print(
-        f"batch {batch:>2}, context {args.context}+: MLX SDPA {mlx:7.2f} ms/step, "
+        f"{args.op}, batch {batch:>2}, context {args.context}+: MLX {mlx:7.2f} ms/step, "
         f"kernel {kernel:7.2f} ms/step, ratio {mlx / kernel:.2f}x",
         flush=True,
     )
@@ -69,6 +79,7 @@ def compare(model: Any, batch: int, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--op", choices=sorted(SWITCHES), default="attention")
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=16)
@@ -82,7 +93,6 @@ def main() -> None:
         sys.exit("the extension's sdpa_decode is not available")
     for batch in args.batches:
         compare(model, batch, args)
-    attention.swap_attention(model)
 
 
 if __name__ == "__main__":
