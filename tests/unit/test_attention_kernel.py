@@ -19,27 +19,6 @@ NAME = "scaled_dot_product_attention"
 TOL = 2e-5  # BLAS sums in another order: rounding, never more
 
 
-def isas() -> list[str]:
-    if not BUILT:
-        return []
-    ext, found = qmm._import(), []
-    for name in ("avx512", "avx2", "scalar"):
-        try:
-            ext.set_isa(name)
-        except ValueError:
-            continue
-        found.append(name)
-    ext.set_isa("best")
-    return found
-
-
-@pytest.fixture(params=isas())
-def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    qmm._import().set_isa(request.param)
-    yield request.param
-    qmm._import().set_isa("best")
-
-
 @pytest.fixture
 def threaded() -> Iterator[None]:
     """Two threads on any work, so the pool splits even small calls."""

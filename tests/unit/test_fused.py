@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -16,27 +14,6 @@ from vllm_mlx.models import fused, qmm
 
 BUILT = qmm.status().available
 pytestmark = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")
-
-
-def isas() -> list[str]:
-    if not BUILT:
-        return []
-    ext, found = qmm._import(), []
-    for name in ("avx512", "avx2", "scalar"):
-        try:
-            ext.set_isa(name)
-        except ValueError:
-            continue
-        found.append(name)
-    ext.set_isa("best")
-    return found
-
-
-@pytest.fixture(params=isas())
-def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    qmm._import().set_isa(request.param)
-    yield request.param
-    qmm._import().set_isa("best")
 
 
 def same_bits(got: mx.array, want: mx.array) -> bool:

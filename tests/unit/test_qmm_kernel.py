@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
+from tests.support.kernel import isas
 from vllm_mlx.models import dtype, qmm
 
 BUILT = qmm.status().available
@@ -33,21 +34,6 @@ def threads() -> Iterator[None]:
     qmm.set_threads(2)
     ext.set_parallel_min(parallel_min)
     ext.set_isa("best")
-
-
-def isas() -> list[str]:
-    """The instruction sets this CPU can run (the kernel picks the best by default)."""
-    if not BUILT:
-        return []
-    ext, found = qmm._import(), []
-    for name in ("avx512", "avx2", "scalar"):
-        try:
-            ext.set_isa(name)
-        except ValueError:
-            continue
-        found.append(name)
-    ext.set_isa("best")
-    return found
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="install.sh builds it on Linux")

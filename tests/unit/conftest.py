@@ -1,0 +1,18 @@
+"""Fixtures shared by the unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.kernel import isas
+from vllm_mlx.models import qmm
+
+
+@pytest.fixture(params=isas())
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each instruction set of the quantized CPU extension in turn (none when unbuilt)."""
+    qmm._import().set_isa(request.param)
+    yield request.param
+    qmm._import().set_isa("best")
