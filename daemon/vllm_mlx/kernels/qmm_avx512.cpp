@@ -46,6 +46,32 @@ AVX512 inline void unpack(const uint8_t* w, int k, __m512& lo, __m512& hi) {
   }
 }
 
+// 4-bit weights take one of 16 values per group: fma(q, s, b) for q = 0..15, the very
+// operation that dequantizes each weight, so a lookup gives the same bits. vpermps reads
+// only an index's low 4 bits: the low nibble needs no mask, the high one a shift. Two
+// permutes replace two conversions and two FMAs per 32 weights (the decode tile is bound
+// by its arithmetic, not by memory: docs/benchmarks.md).
+AVX512 inline __m512 group_table(__m512 s, __m512 b) {
+  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_fmadd_ps(q, s, b);
+}
+
+// The 32 weights of a row from k on, dequantized (s * q + b), in the order x was prepared
+// in; `table` is group_table(s, b), used for 4 bits.
+template <int BITS>
+AVX512 inline void dequantize(const uint8_t* w, int k, __m512 s, __m512 b, __m512 table,
+                              __m512& lo, __m512& hi) {
+  if constexpr (BITS == 4) {
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2)));
+    lo = _mm512_permutexvar_ps(q, table);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+  } else {
+    unpack<BITS>(w, k, lo, hi);
+    lo = _mm512_fmadd_ps(lo, s, b);
+    hi = _mm512_fmadd_ps(hi, s, b);
+  }
+}
+
 template <int BITS>
 const uint8_t* row_of(const QmmProblem& p, int n) {
   return reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(n) * p.K * BITS / 8;
@@ -68,19 +94,18 @@ AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
   }
   const float* x = xp.x.data();
   for (int g = 0; g < groups; ++g) {
-    __m512 s[NT], b[NT];
+    __m512 s[NT], b[NT], table[NT];
     for (int j = 0; j < NT; ++j) {
       size_t at = static_cast<size_t>(n0 + j) * groups + g;
       s[j] = _mm512_set1_ps(scale_at(p, p.scales, at));
       b[j] = _mm512_set1_ps(scale_at(p, p.biases, at));
+      table[j] = group_table(s[j], b[j]);
     }
     for (int k = g * gs; k < (g + 1) * gs; k += 32) {
       __m512 xl = _mm512_loadu_ps(x + k), xh = _mm512_loadu_ps(x + k + 16);
       for (int j = 0; j < NT; ++j) {
         __m512 lo, hi;
-        unpack<BITS>(w[j], k, lo, hi);
-        lo = _mm512_fmadd_ps(lo, s[j], b[j]);
-        hi = _mm512_fmadd_ps(hi, s[j], b[j]);
+        dequantize<BITS>(w[j], k, s[j], b[j], table[j], lo, hi);
         acc[j] = _mm512_fmadd_ps(lo, xl, acc[j]);
         acc[j] = _mm512_fmadd_ps(hi, xh, acc[j]);
       }
@@ -108,18 +133,17 @@ AVX512 void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
     }
   }
   for (int g = 0; g < groups; ++g) {
-    __m512 s[NT], b[NT];
+    __m512 s[NT], b[NT], table[NT];
     for (int j = 0; j < NT; ++j) {
       size_t at = static_cast<size_t>(n0 + j) * groups + g;
       s[j] = _mm512_set1_ps(scale_at(p, p.scales, at));
       b[j] = _mm512_set1_ps(scale_at(p, p.biases, at));
+      table[j] = group_table(s[j], b[j]);
     }
     for (int k = g * gs; k < (g + 1) * gs; k += 32) {
       __m512 lo[NT], hi[NT];
       for (int j = 0; j < NT; ++j) {
-        unpack<BITS>(w[j], k, lo[j], hi[j]);
-        lo[j] = _mm512_fmadd_ps(lo[j], s[j], b[j]);
-        hi[j] = _mm512_fmadd_ps(hi[j], s[j], b[j]);
+        dequantize<BITS>(w[j], k, s[j], b[j], table[j], lo[j], hi[j]);
       }
       for (int i = 0; i < MT; ++i) {
         __m512 xl = _mm512_loadu_ps(x[i] + k), xh = _mm512_loadu_ps(x[i] + k + 16);
