@@ -32,7 +32,8 @@ log = structlog.get_logger(__name__)
 
 MIB = 2**20
 LOAD_ATTEMPTS = 3  # a model evicted again before its waiter resumed is loaded again
-BUSY_RECHECK_S = 1.0  # an aborted sequence still finishing delays an idle unload
+BUSY_RECHECK_S = 1.0
+LOADER_THREAD = "model-loader"  # an aborted sequence still finishing delays an idle unload
 
 
 def in_daemon_thread(function: Callable[..., object], *args: object) -> asyncio.Future[object]:
@@ -61,8 +62,13 @@ def in_daemon_thread(function: Callable[..., object], *args: object) -> asyncio.
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             loop.call_soon_threadsafe(settle, result, error)
 
-    threading.Thread(target=run, name="model-loader", daemon=True).start()
+    threading.Thread(target=run, name=LOADER_THREAD, daemon=True).start()
     return future
+
+
+def loads_running() -> bool:
+    """Whether a model is still loading on a daemon thread (see `exit_now_if_loading`)."""
+    return any(t.name == LOADER_THREAD and t.is_alive() for t in threading.enumerate())
 
 
 class ModelCapacityError(Exception):
