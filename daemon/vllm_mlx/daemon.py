@@ -13,7 +13,6 @@ then exits 0; a second one exits at once.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -37,7 +36,7 @@ from vllm_mlx.engine.heap import keep_large_allocations_returnable
 from vllm_mlx.engine.registry import ModelEntry, ModelRegistry, Stoppable
 from vllm_mlx.engine.residency import ModelManager, loads_running
 from vllm_mlx.engine.scheduler_state import scheduler_config
-from vllm_mlx.lifecycle import RequestTracker, remove_pid_file, write_pid_file
+from vllm_mlx.lifecycle import RequestTracker, exit_now, remove_pid_file, write_pid_file
 from vllm_mlx.logging import configure_logging
 from vllm_mlx.model_metrics import ModelMetrics
 from vllm_mlx.models.footprint import estimated_bytes
@@ -390,13 +389,6 @@ def run(
     configure_logging(loaded.settings.logging)
     keep_large_allocations_returnable()  # before any model memory is allocated
     code = asyncio.run(Daemon(loaded, reload_config, watch_path).run())
-    if loads_running():
-        # A model still loading (the daemon is exiting early, e.g. its port is taken) runs
-        # MLX's C++ code on its own thread; finalizing the interpreter and the libraries'
-        # static objects around it can end in std::terminate (SIGABRT instead of this
-        # exit status). Everything of ours has stopped and been logged: leave now.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    if loads_running():  # exiting early (e.g. a taken port) while a model still loads
+        exit_now(code)
     return code

@@ -1,4 +1,5 @@
-"""What shutdown and reload wait on: in-flight HTTP requests, and the daemon's pid file.
+"""What shutdown and reload wait on: in-flight HTTP requests, and the daemon's pid file;
+and how the process leaves when a model load is still running.
 
 The tracker sits between Granian and the app, so a request counts from its first byte
 until the app has handed over its last response byte: drain and model swaps wait on
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 # Loose on purpose: Litestar's own ASGI types are narrower unions of typed dicts.
 Scope = MutableMapping[str, Any]
@@ -164,3 +166,15 @@ def find_daemon_pid(cache_dir: Path, port: int) -> int:
     found = f"; daemons running: pids {sorted(running)}" if running else ""
     looked = ", ".join(str(d / name) for d in dirs)
     raise LookupError(f"no running daemon for port {port} (looked for {looked}){found}")
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave without finalizing the interpreter, after the daemon's orderly shutdown.
+
+    For when a model is still loading on its daemon thread: that thread runs MLX's C++
+    code, and finalizing the interpreter and the libraries' static objects around it can
+    end in std::terminate (SIGABRT instead of `code`). Logs are flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
