@@ -1,6 +1,7 @@
 #include "attn.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -39,36 +40,23 @@ void check(const mx::array& q, const mx::array& k, const mx::array& v,
 }
 
 // A float32 4-D array's data as the kernel reads it: in place when its last dimension is
-// contiguous (the cache slices always are), else a packed copy made when the task runs
-// (the input's contents exist only then).
+// contiguous (the cache slices always are), else through row_major's packed copy, which
+// `fill` makes when the task runs (the input's contents exist only then).
 struct View {
   const float* data;
   int64_t strides[3];
-  std::shared_ptr<std::vector<float>> copy; // set when packed
-  const float* src;
-  mx::Shape shape;
-  mx::Strides src_strides;
-
-  void pack() const {
-    gather_strided(src, shape, src_strides, copy->data());
-  }
+  std::function<void()> fill; // empty when read in place
 };
 
-View view_of(const mx::array& a) {
+View view_of(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
   const auto& st = a.strides();
-  View w{a.data<float>(), {st[0], st[1], st[2]}, nullptr, a.data<float>(), {}, {}};
   if (st[3] == 1 || a.shape(3) == 1) {
-    return w;
+    return {a.data<float>(), {st[0], st[1], st[2]}, {}};
   }
-  w.copy = std::make_shared<std::vector<float>>(a.size());
-  w.shape = a.shape();
-  w.src_strides = st;
+  auto packed = row_major(a, encoder);
   int64_t inner = a.shape(3);
-  w.data = w.copy->data();
-  w.strides[0] = a.shape(1) * a.shape(2) * inner;
-  w.strides[1] = a.shape(2) * inner;
-  w.strides[2] = inner;
-  return w;
+  return {packed.data, {a.shape(1) * a.shape(2) * inner, a.shape(2) * inner, inner},
+          std::move(packed.fill)};
 }
 
 } // namespace
@@ -106,7 +94,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   }
   encoder.set_output_array(out);
   const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
-  View qv = view_of(q), kv = view_of(k), vv = view_of(v);
+  View qv = view_of(q, encoder), kv = view_of(k, encoder), vv = view_of(v, encoder);
   AttnProblem p{};
   p.q = qv.data;
   p.q_strides[0] = qv.strides[0];
@@ -135,8 +123,8 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   encoder.dispatch([p, qv, kv, vv]() {
     // Strided inputs (never the cache's) are packed here, once their contents exist.
     for (const View* w : {&qv, &kv, &vv}) {
-      if (w->copy) {
-        w->pack();
+      if (w->fill) {
+        w->fill();
       }
     }
     sdpa_decode(p);
