@@ -179,10 +179,10 @@ def main() -> int:
     parser.add_argument("--st-python", default="/tmp/refenv/bin/python",
                         help="a Python with sentence-transformers and torch (CPU)")  # fmt: skip
     args = parser.parse_args()
-    from vllm_mlx import blas
+    from vllm_mlx.models.cpu import blas
 
     choice = blas.configure("auto")  # as the daemon does, before mlx is imported
-    from vllm_mlx.config import ModelSettings
+    from vllm_mlx.config.model import ModelSettings
     from vllm_mlx.models.loader import load_model
 
     settings = ModelSettings(name="minilm", source="builtin:all-minilm-l6-v2", task="embed")

@@ -77,7 +77,7 @@ def measure_batch(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from vllm_mlx import blas
+    from vllm_mlx.models.cpu import blas
 
     choice = blas.configure(args.blas)
     from mlx_lm.utils import load

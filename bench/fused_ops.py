@@ -26,8 +26,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from bench.peers import model_directory
-from vllm_mlx.config import ModelSettings
-from vllm_mlx.models import attention, fused_norms
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.models.cpu import attention
+from vllm_mlx.models.cpu import norms as fused_norms
 from vllm_mlx.models.loaded import LoadedModel
 from vllm_mlx.models.loader import load_model
 

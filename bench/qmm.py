@@ -117,7 +117,7 @@ def peer_specs(args: argparse.Namespace, work: Path, model_dir: Path) -> list[Pe
         # -t 2 spins in barriers between ops: on a loaded 2-core machine -t 1 can be faster.
         specs += [llama_server_spec(args.llama_server, gguf, 16, t) for t in args.threads]
     if args.mlx_lm:
-        from vllm_mlx import blas
+        from vllm_mlx.models.cpu import blas
 
         choice = blas.configure("auto")  # only to hand mlx_lm.server the same BLAS
         f32_dir = float32_directory(model_dir, work.parent / "bench-models")

@@ -82,7 +82,7 @@ def engine_baseline(model_dir: Path, plan: Plan) -> dict[str, Any]:
 
 
 def build_specs(args: argparse.Namespace, plan: Plan, work: Path) -> list[peers.PeerSpec]:
-    from vllm_mlx import blas
+    from vllm_mlx.models.cpu import blas
     from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
 
     choice = blas.configure("auto")  # this process never imports mlx: only to find the file
@@ -114,7 +114,7 @@ def _engine_overrides(variant: str) -> dict[str, Any]:
 
 
 def _first_source(config: str | None) -> str:
-    from vllm_mlx.configfile import load_config
+    from vllm_mlx.config.file import load_config
 
     return load_config(config).settings.models[0].source
 

@@ -28,7 +28,7 @@ import yaml
 
 from bench import peers
 from bench.loadgen import check_loopback
-from vllm_mlx.config import EngineSettings
+from vllm_mlx.config.sections import EngineSettings
 
 SYSTEM = (
     "You are a support assistant for a hardware store. Answer politely, in short "

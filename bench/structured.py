@@ -78,10 +78,10 @@ def wide_schema(properties: int = 50) -> dict[str, Any]:
 
 
 def _engine(cache_dir: Path) -> Any:
-    from vllm_mlx.blas import configure
+    from vllm_mlx.models.cpu.blas import configure
 
     configure()  # before mlx is imported, as the daemon does
-    from vllm_mlx.config import ModelSettings
+    from vllm_mlx.config.model import ModelSettings
     from vllm_mlx.engine.engine import Engine
     from vllm_mlx.engine.scheduler import SchedulerConfig
     from vllm_mlx.models.loader import load_model

@@ -10,8 +10,8 @@ from litestar.exceptions import HTTPException
 
 from vllm_mlx.api.anthropic.convert import error_body as anthropic_error_body
 from vllm_mlx.api.anthropic.routes import make_anthropic_router
-from vllm_mlx.api.auth import is_api_path, protocol_of
-from vllm_mlx.api.boundary import route_path
+from vllm_mlx.api.edge.auth import is_api_path, protocol_of
+from vllm_mlx.api.edge.boundary import route_path
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.mcp_routes import make_mcp_router
 from vllm_mlx.api.openai.routes import make_openai_router

@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from vllm_mlx.config import LoggingSettings
+from vllm_mlx.config.sections import LoggingSettings
 
 _LEVELS = {
     "debug": logging.DEBUG,

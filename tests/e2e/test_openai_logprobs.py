@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import DaemonProcess, running
 from tests.support.spec import validate_openai
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.models.loaded import LoadedModel
 from vllm_mlx.models.loader import load_model
 

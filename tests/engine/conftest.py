@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.models.loader import load_model

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-from vllm_mlx.config import ModelSettings
-from vllm_mlx.models import attention, qmm
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.models.cpu import attention, qmm
 from vllm_mlx.models.loaded import LoadedModel
 from vllm_mlx.models.loader import load_model
 

@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.engine.constraints import (
     CompiledConstraint,
     Constraint,

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vllm_mlx import blas
+from vllm_mlx.models.cpu import blas
 
 # As the daemon does: OpenBLAS when installed (10x faster here than the wheel's BLAS).
 # A no-op when another test module imported mlx first; results do not depend on it.
 blas.configure("auto")
 
-from vllm_mlx.config import ModelSettings  # noqa: E402
-from vllm_mlx.engine.embedding import EmbeddingEngine, EmbeddingLimits, LoadedEmbeddingModel  # noqa: E402
+from vllm_mlx.config.model import ModelSettings  # noqa: E402
+from vllm_mlx.engine.embedding_runner import EmbeddingEngine, EmbeddingLimits, LoadedEmbeddingModel  # noqa: E402
 from vllm_mlx.models.loader import load_model  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "embeddings" / "reference.json"
@@ -148,7 +148,7 @@ def test_a_stopped_engine_refuses(loaded: LoadedEmbeddingModel) -> None:
 
 
 def test_registry_keeps_swaps_and_stops_embedding_engines(model_cache_dir: Path) -> None:
-    from vllm_mlx.engine.registry import LoadState, ModelRegistry
+    from vllm_mlx.engine.fleet.registry import LoadState, ModelRegistry
     from vllm_mlx.engine.scheduler import SchedulerConfig
 
     model = ModelSettings(name="minilm", source="builtin:all-minilm-l6-v2", task="embed")

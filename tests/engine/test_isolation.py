@@ -11,12 +11,7 @@ from tests.engine.test_engine import complete, request, run_all
 from vllm_mlx.engine import scheduler as scheduler_module
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.sampling import LogitsProcessor
-from vllm_mlx.engine.types import (
-    Finished,
-    FinishReason,
-    GenerationRequest,
-    SamplingParams,
-)
+from vllm_mlx.engine.types import Finished, FinishReason, GenerationRequest, SamplingParams
 
 
 def test_the_vocabulary_size_is_the_models_output_rows(engine: Engine) -> None:

@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 
 from tests.engine.test_engine import complete, request
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.models.loaded import LoadedModel

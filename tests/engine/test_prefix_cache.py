@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from vllm_mlx.engine.cache import PrefixCache
+from vllm_mlx.engine.cache.paged import BLOCK_TOKENS, PagedPrefixCache, block_keys
+from vllm_mlx.engine.cache.prefix import PrefixCache
 from vllm_mlx.engine.engine import Engine
-from vllm_mlx.engine.paged_cache import BLOCK_TOKENS, PagedPrefixCache, block_keys
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.types import GenerationRequest, PromptProcessed, SamplingParams
 

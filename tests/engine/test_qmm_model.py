@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.models import qmm
+from vllm_mlx.models.cpu import qmm
 
 TIE = 1e-3
 REPO = Path(__file__).resolve().parents[2]

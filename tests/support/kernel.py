@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_mlx.models import qmm
+from vllm_mlx.models.cpu import qmm
 
 
 def isas() -> list[str]:

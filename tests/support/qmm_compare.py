@@ -55,11 +55,11 @@ def greedy(model: Any, prompt: list[int]) -> tuple[list[int], list[float]]:
 
 
 def compare(cache_dir: Path) -> dict[str, Any]:
-    from vllm_mlx import blas
+    from vllm_mlx.models.cpu import blas
 
     blas.configure()
-    from vllm_mlx.config import ModelSettings
-    from vllm_mlx.models import qmm
+    from vllm_mlx.config.model import ModelSettings
+    from vllm_mlx.models.cpu import qmm
     from vllm_mlx.models.loader import load_model
 
     def load(dtype: str) -> Any:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.kernel import isas
-from vllm_mlx.models import qmm
+from vllm_mlx.models.cpu import qmm
 
 
 @pytest.fixture(params=isas())

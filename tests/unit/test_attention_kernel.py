@@ -11,7 +11,7 @@ import pytest
 from mlx_lm.models import base, llama
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-from vllm_mlx.models import attention, qmm
+from vllm_mlx.models.cpu import attention, qmm
 
 BUILT = attention.available()
 pytestmark = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")

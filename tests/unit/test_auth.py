@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_mlx.api import cors
-from vllm_mlx.api.auth import (
+from vllm_mlx.api.edge import cors
+from vllm_mlx.api.edge.auth import (
     authenticate,
     error_payload,
     is_api_path,

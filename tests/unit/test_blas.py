@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from vllm_mlx import blas
+from vllm_mlx.models.cpu import blas
 
 
 def openblas_installed() -> bool:
@@ -71,7 +71,7 @@ def test_mlx_binds_its_matmul_to_openblas_when_chosen_first() -> None:
     # LD_DEBUG=bindings makes ld.so print which library each symbol is bound to: the
     # proof that MLX calls OpenBLAS rather than its bundled reference BLAS.
     code = (
-        "from vllm_mlx import blas; c = blas.configure('auto'); print(c.name, c.path)\n"
+        "from vllm_mlx.models.cpu import blas; c = blas.configure('auto'); print(c.name, c.path)\n"
         "import mlx.core as mx\n"
         "a = mx.ones((64, 64)); mx.eval(a @ a)\n"
     )
@@ -85,7 +85,7 @@ def test_mlx_binds_its_matmul_to_openblas_when_chosen_first() -> None:
 @pytest.mark.skipif(sys.platform != "linux", reason="symbol binding is checked with ld.so")
 def test_mlx_keeps_the_bundled_blas_when_asked() -> None:
     code = (
-        "from vllm_mlx import blas; print(blas.configure('bundled').name)\n"
+        "from vllm_mlx.models.cpu import blas; print(blas.configure('bundled').name)\n"
         "import mlx.core as mx\n"
         "a = mx.ones((64, 64)); mx.eval(a @ a)\n"
     )

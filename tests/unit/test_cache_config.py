@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.cli import build_parser, main
-from vllm_mlx.config import EngineSettings
-from vllm_mlx.configfile import ConfigError, load_settings
+from vllm_mlx.cli.main import build_parser, main
+from vllm_mlx.cli.serve_flags import serve_overrides
+from vllm_mlx.config.file import ConfigError, load_settings
+from vllm_mlx.config.sections import EngineSettings
 from vllm_mlx.engine.scheduler_state import scheduler_config
-from vllm_mlx.serve_flags import serve_overrides
 
 RAM = 16 * 2**30
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_mlx.cache_metrics import CacheSample, PrefixCacheCollector
+from vllm_mlx.metrics.cache import CacheSample, PrefixCacheCollector
 
 
 def test_counters_and_gauges_per_model() -> None:

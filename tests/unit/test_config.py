@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_mlx.config import Settings
-from vllm_mlx.configfile import (
+from vllm_mlx.config.file import (
     CONFIG_ENV_VAR,
     ConfigError,
     find_config_file,
     load_config,
     load_settings,
 )
+from vllm_mlx.config.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "config" / "vllm-mlx.yaml"
@@ -63,7 +63,7 @@ def test_defaults_equal_the_shipped_reference_config() -> None:
 
 
 def test_every_key_is_in_the_reference_config() -> None:
-    from vllm_mlx.schema import leaf_keys
+    from vllm_mlx.config.json_schema import leaf_keys
 
     data = yaml.safe_load(REFERENCE.read_text())
     for key in leaf_keys():
@@ -78,14 +78,14 @@ def test_reference_config_names_its_schema() -> None:
 
 
 def test_committed_schema_is_fresh() -> None:
-    from vllm_mlx.schema import render_schema
+    from vllm_mlx.config.json_schema import render_schema
 
     committed = (REPO / "schemas" / "vllm-mlx.schema.json").read_text()
     assert committed == render_schema(), "run: python -m vllm_mlx.schema"
 
 
 def test_docs_list_every_key() -> None:
-    from vllm_mlx.schema import leaf_keys
+    from vllm_mlx.config.json_schema import leaf_keys
 
     docs = (REPO / "docs" / "configuration.md").read_text()
     missing = [key for key in leaf_keys() if f"`{key}`" not in docs]
@@ -197,7 +197,7 @@ def test_named_file_that_is_missing_is_an_error(tmp_path: Path) -> None:
 
 
 def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from vllm_mlx.cli import main
+    from vllm_mlx.cli.main import main
 
     good = write(tmp_path, "server:\n  port: 8123\n", "good.yaml")
     assert main(["check-config", str(good), "--print"]) == 0
@@ -211,8 +211,8 @@ def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_serve_flags_become_overrides() -> None:
-    from vllm_mlx.cli import build_parser
-    from vllm_mlx.serve_flags import serve_overrides
+    from vllm_mlx.cli.main import build_parser
+    from vllm_mlx.cli.serve_flags import serve_overrides
 
     args = build_parser().parse_args(
         [

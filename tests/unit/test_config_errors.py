@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.cli import main
-from vllm_mlx.configfile import ConfigError, ConfigIssue, load_config, load_settings
+from vllm_mlx.cli.main import main
+from vllm_mlx.config.file import ConfigError, ConfigIssue, load_config, load_settings
 from vllm_mlx.models.sources import builtin_path
 
 BUILTIN = "builtin:smollm2-135m-instruct"
@@ -146,8 +146,8 @@ def test_served_model_name_cannot_duplicate_an_id(
 
 
 def test_served_model_name_default_with_a_model_argument_is_allowed() -> None:
-    from vllm_mlx.cli import build_parser
-    from vllm_mlx.serve_flags import serve_overrides
+    from vllm_mlx.cli.main import build_parser
+    from vllm_mlx.cli.serve_flags import serve_overrides
 
     args = build_parser().parse_args(["serve", BUILTIN, "--served-model-name", "default"])
     (model,) = load_settings(None, serve_overrides(args)).models

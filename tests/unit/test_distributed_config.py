@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from vllm_mlx.config import Settings
+from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.wire import Message, RequestRebuilder, add_op, decode, encode
 from vllm_mlx.engine.types import GenerationRequest, SamplingParams, SharedPrefill
 

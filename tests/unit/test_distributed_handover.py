@@ -12,8 +12,8 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from vllm_mlx.config.distributed import DistributedSettings
 from vllm_mlx.distributed.lockstep import RESHARDING, Channel, Leader
-from vllm_mlx.distributed.settings import DistributedSettings
 from vllm_mlx.distributed.status import GroupStatus
 from vllm_mlx.distributed.wire import Message, decode, encode
 

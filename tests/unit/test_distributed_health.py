@@ -7,9 +7,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.app import create_app
-from vllm_mlx.config import Settings
+from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.status import GroupStatus
-from vllm_mlx.engine.registry import ModelRegistry
+from vllm_mlx.engine.fleet.registry import ModelRegistry
 from vllm_mlx.engine.scheduler import SchedulerConfig
 
 

@@ -7,8 +7,8 @@ import mlx.nn as nn
 import pytest
 
 from vllm_mlx.models import dtype
+from vllm_mlx.models.cpu.qmm import KernelStatus
 from vllm_mlx.models.dtype import WeightInfo, decide
-from vllm_mlx.models.qmm import KernelStatus
 
 GIB = 2**30
 SMALL = WeightInfo(quantized=True, float32_bytes=GIB // 2)

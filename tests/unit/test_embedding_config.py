@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.cli import build_parser
-from vllm_mlx.config import ModelSettings, Settings
-from vllm_mlx.configfile import ConfigError, LoadedConfig, load_config
+from vllm_mlx.cli.main import build_parser
+from vllm_mlx.cli.serve_flags import serve_overrides, with_embedding_model
+from vllm_mlx.config.file import ConfigError, LoadedConfig, load_config
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.settings import Settings
 from vllm_mlx.models.embedding import (
     EmbeddingModelError,
     check_embedding_dir,
@@ -16,7 +18,6 @@ from vllm_mlx.models.embedding import (
     pooling_of,
 )
 from vllm_mlx.models.sources import builtin_path
-from vllm_mlx.serve_flags import serve_overrides, with_embedding_model
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,8 @@ from mlx_lm.models import llama
 from mlx_lm.models.activations import swiglu
 
 from tests.support.tiny_model import tiny_llama
-from vllm_mlx.models import fused, qmm
+from vllm_mlx.models.cpu import qmm
+from vllm_mlx.models.cpu import swiglu as fused
 
 BUILT = qmm.status().available
 pytestmark = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")

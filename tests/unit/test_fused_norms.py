@@ -9,7 +9,8 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
 from tests.support.tiny_model import tiny_llama
-from vllm_mlx.models import fused_norms, qmm
+from vllm_mlx.models.cpu import norms as fused_norms
+from vllm_mlx.models.cpu import qmm
 
 BUILT = qmm.status().available
 pytestmark = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")

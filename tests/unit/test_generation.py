@@ -10,7 +10,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import llama
 from mlx_lm.sample_utils import greedy_sampler
 
-from vllm_mlx.engine.generation import LeanBatchGenerator, LeanGenerationBatch
+from vllm_mlx.engine.batch_generator import LeanBatchGenerator, LeanGenerationBatch
 from vllm_mlx.engine.sampling import make_sampler
 from vllm_mlx.engine.types import SamplingParams
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from vllm_mlx.engine import heap
+from vllm_mlx.engine.fleet import heap
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")

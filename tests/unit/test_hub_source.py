@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.config import ModelSettings
-from vllm_mlx.configfile import load_settings
+from vllm_mlx.config.file import load_settings
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.models.loader import ModelUnavailableError, describe_models, resolve_model_dir
 from vllm_mlx.models.sources import SourceKind, classify_source
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import structlog
 
-from vllm_mlx.config import LoggingSettings
+from vllm_mlx.config.sections import LoggingSettings
 from vllm_mlx.logging import configure_logging
 
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_mlx.cli import main
-from vllm_mlx.configfile import ConfigError, load_config
-from vllm_mlx.mcp.jsonfile import read_mcp_file
-from vllm_mlx.mcp.settings import McpServerSettings
+from vllm_mlx.cli.main import main
+from vllm_mlx.config.file import ConfigError, load_config
+from vllm_mlx.config.mcp import McpServerSettings
+from vllm_mlx.config.mcp_file import read_mcp_file
 from vllm_mlx.mcp.tools import full_name
 
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 import psutil
 
 from tests.support.mcp_helpers import SERVER_SCRIPT
+from vllm_mlx.config.mcp import McpServerSettings, McpSettings
 from vllm_mlx.mcp.manager import McpManager
-from vllm_mlx.mcp.settings import McpServerSettings, McpSettings
 from vllm_mlx.mcp.supervisor import ServerState
-from vllm_mlx.metrics import Metrics
+from vllm_mlx.metrics.core import Metrics
 
 DEADLINE_S = 60.0
 

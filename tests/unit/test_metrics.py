@@ -6,15 +6,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_mlx.engine.output import RequestTrace
-from vllm_mlx.metrics import (
+from vllm_mlx.metrics.core import (
     ITL_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
-    MemorySample,
     Metrics,
-    ModelSample,
     build_1_2_5_buckets,
 )
+from vllm_mlx.metrics.live import MemorySample, ModelSample
 
 MODEL = "m"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

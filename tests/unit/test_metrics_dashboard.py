@@ -9,7 +9,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_mlx.metrics import MemorySample, Metrics, ModelSample
+from vllm_mlx.metrics.core import Metrics
+from vllm_mlx.metrics.live import MemorySample, ModelSample
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
 METRIC_NAME = re.compile(r"\b(vllm(?::|_mlx_)[A-Za-z0-9_:]+)")

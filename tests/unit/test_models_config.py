@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_mlx.config import Settings
-from vllm_mlx.config_model import loads_at_startup
-from vllm_mlx.configfile import ConfigError, ConfigIssue, load_settings
-from vllm_mlx.models.memory_settings import MemorySettings
+from vllm_mlx.config.file import ConfigError, ConfigIssue, load_settings
+from vllm_mlx.config.memory import MemorySettings
+from vllm_mlx.config.model import loads_at_startup
+from vllm_mlx.config.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 BUILTIN = "builtin:smollm2-135m-instruct"

@@ -12,7 +12,8 @@ import mlx.nn as nn
 import pytest
 
 from tests.support.kernel import isas
-from vllm_mlx.models import dtype, qmm
+from vllm_mlx.models import dtype
+from vllm_mlx.models.cpu import qmm
 
 BUILT = qmm.status().available
 needs_kernel = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")

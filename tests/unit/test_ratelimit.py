@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_mlx.api.limits import RateLimiter, client_id, retry_after_header
+from vllm_mlx.api.edge.limits import RateLimiter, client_id, retry_after_header
 
 
 class Clock:

@@ -11,11 +11,13 @@ import pytest
 from pydantic import BaseModel
 
 from vllm_mlx.api.state import ServerState
-from vllm_mlx.config import ModelSettings, Reload, Settings
-from vllm_mlx.configfile import ConfigError, ConfigIssue
-from vllm_mlx.engine.registry import ModelRegistry
+from vllm_mlx.config.fields import Reload
+from vllm_mlx.config.file import ConfigError, ConfigIssue
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.settings import Settings
+from vllm_mlx.engine.fleet.registry import ModelRegistry
 from vllm_mlx.engine.scheduler import SchedulerConfig
-from vllm_mlx.reload import Change, Reloader, merge_hot
+from vllm_mlx.runtime.reload import Change, Reloader, merge_hot
 
 BUILTIN = "builtin:smollm2-135m-instruct"
 
@@ -187,7 +189,9 @@ def test_listeners_see_previous_and_current() -> None:
 
 def test_logging_is_reconfigured_on_change(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr("vllm_mlx.reload.configure_logging", lambda s: calls.append(s.level))
+    monkeypatch.setattr(
+        "vllm_mlx.runtime.reload.configure_logging", lambda s: calls.append(s.level)
+    )
     h = Harness(settings())
     h.next = settings(defaults={"top_k": 2})
     h.reloader.reload_file()
@@ -221,7 +225,7 @@ def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 10.0)
 
 
 def test_watched_dirs_follow_symlink_chain(tmp_path: Path) -> None:
-    from vllm_mlx.reload import watched_dirs
+    from vllm_mlx.runtime.reload import watched_dirs
 
     real = tmp_path / "data-v1"
     real.mkdir()
@@ -241,7 +245,7 @@ class FakeEngine:
 
 
 def registry_serving(*models: ModelSettings) -> tuple[ModelRegistry, dict[str, FakeEngine]]:
-    from vllm_mlx.engine.registry import LoadState
+    from vllm_mlx.engine.fleet.registry import LoadState
 
     registry = ModelRegistry(models, SchedulerConfig())
     engines = {}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vllm_mlx.lifecycle import (
+from vllm_mlx.runtime.lifecycle import (
     RequestTracker,
     find_daemon_pid,
     pid_dirs,
@@ -97,7 +97,7 @@ def test_tracker_releases_on_error_and_skips_lifespan() -> None:
 @pytest.fixture
 def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # Daemons of other tests on this machine write to the system run dir: keep it apart.
-    monkeypatch.setattr("vllm_mlx.lifecycle.SYSTEM_RUN_DIR", tmp_path / "system-run")
+    monkeypatch.setattr("vllm_mlx.runtime.lifecycle.SYSTEM_RUN_DIR", tmp_path / "system-run")
     monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
     return tmp_path / "xdg" / "vllm-mlx"

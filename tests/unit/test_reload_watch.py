@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx.reload import watch_config, worth_reloading
+from vllm_mlx.runtime.reload import watch_config, worth_reloading
 
 
 class Watch:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx import service, service_cli
-from vllm_mlx.service import (
+from vllm_mlx.cli import service as service_cli
+from vllm_mlx.cli.service import cmd_service
+from vllm_mlx.runtime import service
+from vllm_mlx.runtime.service import (
     LABEL,
     UNIT,
     Launchd,
@@ -24,7 +26,6 @@ from vllm_mlx.service import (
     render_unit,
     systemd_quote,
 )
-from vllm_mlx.service_cli import cmd_service
 
 
 class FakeRunner:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mlx import service
-from vllm_mlx.service import Launchd, Systemd, build_spec, env_file_text
-from vllm_mlx.service_cli import cmd_service
+from vllm_mlx.cli.service import cmd_service
+from vllm_mlx.runtime import service
+from vllm_mlx.runtime.service import Launchd, Systemd, build_spec, env_file_text
 
 SECRET = "hf_s3cr3t-token"
 

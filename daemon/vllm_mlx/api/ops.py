@@ -13,16 +13,17 @@ from typing import Any, cast
 
 from litestar import Litestar, Request, Response, get
 
-from vllm_mlx.api.auth import error_payload
+from vllm_mlx.api.edge.auth import error_payload
+from vllm_mlx.api.edge.middleware import ASGIApp, OpsMiddleware
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.middleware import ASGIApp, OpsMiddleware
-from vllm_mlx.api.model_control import residency_block
+from vllm_mlx.api.models import residency_block
 from vllm_mlx.api.state import ServerState
-from vllm_mlx.cache_metrics import CacheSample, PrefixCacheCollector
-from vllm_mlx.engine.embedding import EmbeddingEngine
-from vllm_mlx.engine.memory import read_memory
-from vllm_mlx.engine.registry import LoadState, ModelEntry
-from vllm_mlx.metrics import CONTENT_TYPE, MemorySample, ModelSample
+from vllm_mlx.engine.embedding_runner import EmbeddingEngine
+from vllm_mlx.engine.fleet.memory import read_memory
+from vllm_mlx.engine.fleet.registry import LoadState, ModelEntry
+from vllm_mlx.metrics.cache import CacheSample, PrefixCacheCollector
+from vllm_mlx.metrics.core import CONTENT_TYPE
+from vllm_mlx.metrics.live import MemorySample, ModelSample
 
 GIB = 1024**3
 # The seed's `status` words (a model still loading is "not_loaded"), and "failed".

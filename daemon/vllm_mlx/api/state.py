@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from vllm_mlx.api.responses.store import ResponseStore
-from vllm_mlx.config import Settings
+from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.status import GroupStatus
-from vllm_mlx.engine.registry import ModelRegistry
-from vllm_mlx.engine.residency import ModelManager
+from vllm_mlx.engine.fleet.registry import ModelRegistry
+from vllm_mlx.engine.fleet.residency import ModelManager
 from vllm_mlx.mcp.manager import McpManager
-from vllm_mlx.metrics import Metrics
+from vllm_mlx.metrics.core import Metrics
 
 
 @dataclass

@@ -13,14 +13,14 @@ from typing import Any
 
 from litestar import Request, Router, post
 
-from vllm_mlx.api.chat_template import as_token_list, render_chat
-from vllm_mlx.api.common import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body, server_state
 from vllm_mlx.api.errors import bad_request
-from vllm_mlx.api.generation import resolve_target
 from vllm_mlx.api.openai import convert
 from vllm_mlx.api.openai.routes import openai_error_response
 from vllm_mlx.api.openai.schema import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
-from vllm_mlx.api.prepare import off_loop, prompt_tokens
+from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
+from vllm_mlx.api.pipeline.offload import off_loop, prompt_tokens
+from vllm_mlx.api.pipeline.turn import resolve_target
 from vllm_mlx.api.state import ServerState
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from vllm_mlx.config import Settings
+from vllm_mlx.config.settings import Settings
 
 if TYPE_CHECKING:
     from vllm_mlx.distributed.rank import Rank

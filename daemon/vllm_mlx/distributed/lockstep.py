@@ -29,7 +29,7 @@ import numpy as np
 import structlog
 from mlx_lm.generate import generation_stream
 
-from vllm_mlx.distributed.settings import DistributedSettings
+from vllm_mlx.config.distributed import DistributedSettings
 from vllm_mlx.distributed.status import GroupStatus
 from vllm_mlx.distributed.wire import Message, add_op, decode, encode, remove_op
 from vllm_mlx.engine.types import GenerationRequest

@@ -22,9 +22,10 @@ import numpy as np
 import structlog
 from mlx.utils import tree_flatten
 
-from vllm_mlx.config import ModelSettings, Settings
+from vllm_mlx.config.distributed import DistributedSettings
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.lockstep import GROUP_FAILED_EXIT, Channel, Follower, Leader
-from vllm_mlx.distributed.settings import DistributedSettings
 from vllm_mlx.distributed.status import GroupStatus, set_current
 from vllm_mlx.models.loaded import LoadedModel
 
@@ -189,7 +190,7 @@ def in_group() -> bool:
 def run_follower(rank: Rank, settings: Settings) -> int:
     """Ranks > 0: load the shard, then step in lockstep with rank 0 until told to stop;
     a reload message starts over with the next model."""
-    from vllm_mlx.config import EngineSettings
+    from vllm_mlx.config.sections import EngineSettings
     from vllm_mlx.distributed.follower import follow
     from vllm_mlx.engine.scheduler import Scheduler
     from vllm_mlx.engine.scheduler_state import scheduler_config

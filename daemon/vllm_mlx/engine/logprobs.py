@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from vllm_mlx.engine.cache import PrefixCache, PrefixHit
+from vllm_mlx.engine.cache.prefix import PrefixCache, PrefixHit
 from vllm_mlx.engine.types import GenerationRequest, TokenLogprob
 
 # JSON has no -inf; a masked token's log-probability is reported as this (as vLLM does).

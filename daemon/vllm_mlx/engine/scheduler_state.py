@@ -14,7 +14,7 @@ from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import Fault, Sampler
 
 if TYPE_CHECKING:
-    from vllm_mlx.config import EngineSettings
+    from vllm_mlx.config.sections import EngineSettings
 
 from vllm_mlx.engine.types import EngineEvent, FinishReason, GenerationRequest, TokenLogprob
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import structlog
 
-from vllm_mlx.mcp.settings import McpSettings
+from vllm_mlx.config.mcp import McpSettings
 from vllm_mlx.mcp.supervisor import ServerState, ServerSupervisor, ServerUnavailableError
 from vllm_mlx.mcp.tools import McpTool, ToolResult, error_result
-from vllm_mlx.metrics import Metrics
+from vllm_mlx.metrics.core import Metrics
 
 log = structlog.get_logger(__name__)
 

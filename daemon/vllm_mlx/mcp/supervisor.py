@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from vllm_mlx.mcp.settings import McpServerSettings
+from vllm_mlx.config.mcp import McpServerSettings
 from vllm_mlx.mcp.tools import McpTool, ToolResult, error_result, from_call_result, make_tool
 
 log = structlog.get_logger(__name__)

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_mlx.mcp.settings import TOOL_SEPARATOR
+from vllm_mlx.config.mcp import TOOL_SEPARATOR
 
 # OpenAI function names: letters, digits, `_` and `-`, at most 64 characters.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")

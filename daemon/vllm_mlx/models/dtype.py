@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import mlx.core as mx
 
 if TYPE_CHECKING:
-    from vllm_mlx.models.qmm import KernelStatus
+    from vllm_mlx.models.cpu.qmm import KernelStatus
 
 DType = Literal["auto", "float32", "float16", "bfloat16", "quantized"]
 DTYPES: tuple[DType, ...] = ("auto", "float32", "float16", "bfloat16", "quantized")
@@ -65,7 +65,7 @@ def backend() -> str:
 
 
 def weight_info(model: Any) -> WeightInfo:
-    from vllm_mlx.models.qmm import eligible
+    from vllm_mlx.models.cpu.qmm import eligible
 
     quantized = [m for _, m in model.named_modules() if "scales" in m]
     bits_of = {name: int(m.bits) for name, m in model.named_modules() if "scales" in m}
@@ -160,7 +160,9 @@ def convert(model: Any, chosen: str) -> Any:
 def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[Any, DtypeDecision]:
     import psutil
 
-    from vllm_mlx.models import attention, fused, fused_norms, qmm
+    from vllm_mlx.models.cpu import attention, qmm
+    from vllm_mlx.models.cpu import norms as fused_norms
+    from vllm_mlx.models.cpu import swiglu as fused
 
     device = backend()
     decision = decide(

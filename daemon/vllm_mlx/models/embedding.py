@@ -14,8 +14,9 @@ from typing import Any, cast
 
 import structlog
 
-from vllm_mlx.config import EngineSettings, ModelSettings
-from vllm_mlx.engine.embedding import EmbeddingLimits, LoadedEmbeddingModel
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.sections import EngineSettings
+from vllm_mlx.engine.embedding_runner import EmbeddingLimits, LoadedEmbeddingModel
 
 log = structlog.get_logger(__name__)
 

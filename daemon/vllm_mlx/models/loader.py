@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from vllm_mlx.config import EngineSettings, ModelSettings, Settings
-from vllm_mlx.engine.embedding import LoadedEmbeddingModel
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.sections import EngineSettings
+from vllm_mlx.config.settings import Settings
+from vllm_mlx.engine.embedding_runner import LoadedEmbeddingModel
 from vllm_mlx.models.loaded import LoadedModel
 from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
 
@@ -132,7 +134,7 @@ def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
 
 def _apply_dtype(weights: Any, model: ModelSettings) -> tuple[Any, DtypeDecision, str]:
     """The configured weight format; `auto` needs to know whether BLAS is optimized."""
-    from vllm_mlx import blas
+    from vllm_mlx.models.cpu import blas
     from vllm_mlx.models.dtype import apply_dtype
 
     choice = blas.active()
@@ -174,7 +176,7 @@ def _planned_path(model: ModelSettings, directory: Path | None) -> dict[str, str
     """`path`: what the model will compute on (`quantized+kernel`, `float32`, ...)."""
     if directory is None or not (directory / "config.json").is_file():
         return {"path": None, "path_reason": "not downloaded yet"}
-    from vllm_mlx import blas
+    from vllm_mlx.models.cpu import blas
     from vllm_mlx.models.plan import planned
 
     choice = blas.active()

@@ -13,9 +13,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.models.cpu.qmm import BITS, GROUP_SIZES, status
 from vllm_mlx.models.dtype import DtypeDecision, WeightInfo, backend, decide
-from vllm_mlx.models.qmm import BITS, GROUP_SIZES, status
 
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
 

@@ -11,13 +11,7 @@ from collections.abc import Sequence
 
 from vllm_mlx.parsers.reasoning import ReasoningEvent, ReasoningParser, get_reasoning_parser
 from vllm_mlx.parsers.tool_calls import ToolCallParser, get_tool_call_parser
-from vllm_mlx.parsers.types import (
-    ContentDelta,
-    ParsedOutput,
-    ParserEvent,
-    ToolSpec,
-    collect_events,
-)
+from vllm_mlx.parsers.types import ContentDelta, ParsedOutput, ParserEvent, ToolSpec, collect_events
 
 
 class OutputParser:

@@ -22,10 +22,10 @@ from vllm_mlx.api.anthropic.schema import (
     TextBlock,
     Tool,
 )
-from vllm_mlx.api.chat_template import render_chat
 from vllm_mlx.api.errors import APIError, bad_request
+from vllm_mlx.api.pipeline.chat_template import render_chat
+from vllm_mlx.api.pipeline.structured import ForcedTools
 from vllm_mlx.api.state import ServerState
-from vllm_mlx.api.structured import ForcedTools
 from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import Finished, FinishReason
 from vllm_mlx.parsers.types import ToolSpec

@@ -16,13 +16,15 @@ from litestar import Request, Response, Router, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
-from vllm_mlx.api import mcp_messages, structured
 from vllm_mlx.api.anthropic import convert
+from vllm_mlx.api.anthropic import mcp_loop as mcp_messages
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.anthropic.stream import PING_EVERY_S, Event, MessageBuilder, with_keepalive
-from vllm_mlx.api.common import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body, server_state
 from vllm_mlx.api.errors import APIError, to_api_error
-from vllm_mlx.api.generation import (
+from vllm_mlx.api.pipeline import structured
+from vllm_mlx.api.pipeline.offload import prompt_tokens
+from vllm_mlx.api.pipeline.turn import (
     Target,
     build_request,
     coalesced,
@@ -31,13 +33,10 @@ from vllm_mlx.api.generation import (
     run_parsed,
     sampling_params,
 )
-from vllm_mlx.api.prepare import prompt_tokens
 from vllm_mlx.api.sse import SSE_HEADERS, named_event
 from vllm_mlx.engine.types import Finished, GenerationRequest
 from vllm_mlx.parsers.pipeline import OutputParser
-from vllm_mlx.parsers.types import (
-    ParserEvent,
-)
+from vllm_mlx.parsers.types import ParserEvent
 
 log = structlog.get_logger(__name__)
 

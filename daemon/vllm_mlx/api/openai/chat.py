@@ -9,10 +9,16 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from vllm_mlx.api import mcp_chat, structured
-from vllm_mlx.api.common import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body, server_state
 from vllm_mlx.api.errors import APIError, to_api_error
-from vllm_mlx.api.generation import (
+from vllm_mlx.api.openai import choices, convert
+from vllm_mlx.api.openai import mcp_loop as mcp_chat
+from vllm_mlx.api.openai.logprobs import Tap, TokenTexts, chat_logprobs, token_texts
+from vllm_mlx.api.openai.schema import ChatCompletionRequest
+from vllm_mlx.api.pipeline import structured
+from vllm_mlx.api.pipeline.offload import prompt_tokens
+from vllm_mlx.api.pipeline.structured import ForcedTools
+from vllm_mlx.api.pipeline.turn import (
     ParsedEvent,
     Target,
     build_request,
@@ -22,12 +28,7 @@ from vllm_mlx.api.generation import (
     run,
     run_parsed,
 )
-from vllm_mlx.api.openai import choices, convert
-from vllm_mlx.api.openai.logprobs import Tap, TokenTexts, chat_logprobs, token_texts
-from vllm_mlx.api.openai.schema import ChatCompletionRequest
-from vllm_mlx.api.prepare import prompt_tokens
 from vllm_mlx.api.sse import DONE, SSE_HEADERS, data_event
-from vllm_mlx.api.structured import ForcedTools
 from vllm_mlx.engine.types import Finished, GenerationRequest, TokenLogprob
 from vllm_mlx.parsers.pipeline import OutputParser
 from vllm_mlx.parsers.types import (

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TypeVar, cast
 
 from vllm_mlx.api.errors import bad_request
-from vllm_mlx.api.generation import Target
+from vllm_mlx.api.pipeline.turn import Target
 from vllm_mlx.engine.types import GenerationRequest, SharedPrefill, Usage
 
 T = TypeVar("T")

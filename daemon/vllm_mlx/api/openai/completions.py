@@ -18,14 +18,14 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from vllm_mlx.api import structured
-from vllm_mlx.api.common import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body, server_state
 from vllm_mlx.api.errors import APIError, bad_request, to_api_error
-from vllm_mlx.api.generation import Target, build_request, new_request_id, resolve_target, run
 from vllm_mlx.api.openai import choices, convert
 from vllm_mlx.api.openai.logprobs import LegacyLogprobs, Tap, merge_blocks, token_texts
 from vllm_mlx.api.openai.schema import CompletionRequest
-from vllm_mlx.api.prepare import off_loop, prompt_tokens
+from vllm_mlx.api.pipeline import structured
+from vllm_mlx.api.pipeline.offload import off_loop, prompt_tokens
+from vllm_mlx.api.pipeline.turn import Target, build_request, new_request_id, resolve_target, run
 from vllm_mlx.api.sse import DONE, SSE_HEADERS, data_event
 from vllm_mlx.engine.output import OutputEvent
 from vllm_mlx.engine.types import Finished, FinishReason, GenerationRequest, TextDelta, Usage

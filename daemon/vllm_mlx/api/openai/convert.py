@@ -6,9 +6,7 @@ import json
 import time
 from typing import Any
 
-from vllm_mlx.api.chat_template import as_token_list, render_chat
 from vllm_mlx.api.errors import APIError, bad_request
-from vllm_mlx.api.generation import Target, sampling_params
 from vllm_mlx.api.openai.schema import (
     ChatCompletionRequest,
     ChatMessage,
@@ -19,7 +17,9 @@ from vllm_mlx.api.openai.schema import (
     Tool,
     UsageDict,
 )
-from vllm_mlx.api.structured import ForcedTools
+from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
+from vllm_mlx.api.pipeline.structured import ForcedTools
+from vllm_mlx.api.pipeline.turn import Target, sampling_params
 from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import FinishReason, SamplingParams, Usage
 from vllm_mlx.parsers.types import ToolCall, ToolSpec

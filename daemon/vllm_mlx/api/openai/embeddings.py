@@ -18,19 +18,19 @@ import numpy as np
 import structlog
 from litestar import Request, Response, post
 
-from vllm_mlx.api.common import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body, server_state
 from vllm_mlx.api.errors import APIError, bad_request
-from vllm_mlx.api.generation import new_request_id
-from vllm_mlx.api.model_control import acquire, served_entry
+from vllm_mlx.api.models import acquire, served_entry
 from vllm_mlx.api.openai.embedding_schema import (
     MAX_INPUTS,
     EmbeddingItem,
     EmbeddingRequest,
     EmbeddingResponse,
 )
+from vllm_mlx.api.pipeline.turn import new_request_id
 from vllm_mlx.api.state import ServerState
-from vllm_mlx.config import ModelSettings
-from vllm_mlx.engine.embedding import EmbeddingEngine
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 
 ROUTE = "/v1/embeddings"
 INPUT_SHAPES = "a string, an array of strings, an array of token ids or an array of token-id arrays"

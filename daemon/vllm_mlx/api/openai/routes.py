@@ -13,9 +13,9 @@ from litestar.exceptions import HTTPException
 from litestar.params import FromPath
 
 from vllm_mlx.api.anthropic import convert as anthropic_convert
-from vllm_mlx.api.common import server_state
+from vllm_mlx.api.edge.body import server_state
 from vllm_mlx.api.errors import APIError, model_not_found, to_api_error
-from vllm_mlx.api.model_control import model_action
+from vllm_mlx.api.models import model_action
 from vllm_mlx.api.openai import convert
 from vllm_mlx.api.openai.chat import chat_completions
 from vllm_mlx.api.openai.completions import completions

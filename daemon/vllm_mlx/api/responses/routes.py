@@ -15,11 +15,13 @@ from litestar import Request, Response, Router, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from vllm_mlx.api import structured
-from vllm_mlx.api.chat_template import as_token_list, render_chat
-from vllm_mlx.api.common import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body, server_state
 from vllm_mlx.api.errors import APIError, bad_request, to_api_error
-from vllm_mlx.api.generation import (
+from vllm_mlx.api.openai.routes import openai_error_response
+from vllm_mlx.api.pipeline import structured
+from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
+from vllm_mlx.api.pipeline.offload import prompt_tokens
+from vllm_mlx.api.pipeline.turn import (
     ParsedEvent,
     Target,
     build_request,
@@ -28,8 +30,6 @@ from vllm_mlx.api.generation import (
     run_parsed,
     sampling_params,
 )
-from vllm_mlx.api.openai.routes import openai_error_response
-from vllm_mlx.api.prepare import prompt_tokens
 from vllm_mlx.api.responses import convert, tools
 from vllm_mlx.api.responses.schema import CreateResponseRequest
 from vllm_mlx.api.responses.stream import Event, ResponseBuilder, response_base

@@ -15,9 +15,9 @@ from typing import Any
 import structlog
 
 from vllm_mlx.api.errors import bad_request
+from vllm_mlx.api.pipeline.structured import ForcedTools
 from vllm_mlx.api.responses.convert import flat_name, validated
 from vllm_mlx.api.responses.schema import CreateResponseRequest, FunctionTool, NamespaceTool
-from vllm_mlx.api.structured import ForcedTools
 from vllm_mlx.parsers.types import ToolSpec
 
 log = structlog.get_logger("vllm_mlx.responses")

@@ -10,12 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from vllm_mlx.parsers._text import WhitespaceTrim, skip_space
-from vllm_mlx.parsers.types import (
-    ContentDelta,
-    ParsedOutput,
-    ReasoningDelta,
-    collect_events,
-)
+from vllm_mlx.parsers.types import ContentDelta, ParsedOutput, ReasoningDelta, collect_events
 
 ReasoningEvent = ContentDelta | ReasoningDelta
 

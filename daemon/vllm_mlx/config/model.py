@@ -1,0 +1,198 @@
+"""The `models` section of vllm-mlx.yaml: one entry per served model."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import field_validator, model_validator
+
+from vllm_mlx.config.fields import LocatedError, Reload, Section, setting
+from vllm_mlx.models.sources import check_source
+
+MAX_KEEP_ALIVE_S = 365 * 24 * 3600  # a year: beyond it, say -1
+
+
+def check_unique_model_ids(models: list[ModelSettings]) -> None:
+    """Raise LocatedError at the first name or alias already used by an earlier model."""
+    seen: dict[str, int] = {}
+    for index, model in enumerate(models):
+        ids: list[tuple[str, tuple[str | int, ...]]] = [(model.name, (index, "name"))]
+        ids += [(alias, (index, "aliases", n)) for n, alias in enumerate(model.aliases)]
+        for model_id, loc in ids:
+            if model_id in seen:
+                first = seen[model_id]
+                owner = "this model" if first == index else f"models[{first}]"
+                raise LocatedError(
+                    f"model id {model_id!r} is already used by {owner} "
+                    f"({models[first].name!r}); names and aliases must be unique",
+                    loc,
+                )
+            seen[model_id] = index
+
+
+class ModelSettings(Section):
+    name: str = setting(..., Reload.MODEL, "The id clients send as `model`.", min_length=1)
+    source: str = setting(
+        ...,
+        Reload.MODEL,
+        "Where the weights come from: a Hugging Face repo id (`org/name`), a local mlx-lm "
+        "model directory, a local `.gguf` file, or `builtin:smollm2-135m-instruct`.",
+        min_length=1,
+    )
+    aliases: list[str] = setting([], Reload.HOT, "Other ids that reach this model.")
+    task: Literal["generate", "embed"] = setting(
+        "generate",
+        Reload.MODEL,
+        "`generate`: a chat/completion model (mlx-lm); `embed`: a sentence-embedding "
+        "model served on /v1/embeddings (a BERT encoder, e.g. "
+        "`builtin:all-minilm-l6-v2`). See docs/embeddings.md.",
+    )
+    pooling: Literal["mean", "cls", "last"] | None = setting(
+        None,
+        Reload.MODEL,
+        "Embedding models: how token vectors become one vector; default: the model's "
+        "own sentence-transformers pooling config, else `mean`.",
+    )
+    normalize: bool = setting(
+        True, Reload.MODEL, "Embedding models: scale every vector to unit length."
+    )
+    matryoshka: bool = setting(
+        False,
+        Reload.HOT,
+        "Embedding models trained Matryoshka-style: requests may ask for fewer "
+        "`dimensions` (the vector is truncated and re-normalised); otherwise that is a 400.",
+    )
+    revision: str | None = setting(
+        None, Reload.MODEL, "Hugging Face revision (branch, tag or commit) for hub sources."
+    )
+    context_length: int | None = setting(
+        None,
+        Reload.MODEL,
+        "Largest prompt + completion in tokens (embedding models: the longest input); "
+        "default: the model's own maximum.",
+        gt=0,
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "quantized"] = setting(
+        "auto",
+        Reload.MODEL,
+        "Weight format served: `quantized` keeps the stored weights; `auto` picks by "
+        "backend (on the Linux CPU: the stored 4/8-bit weights through the built quantized "
+        "kernel; without the kernel, float32 when an optimized BLAS is loaded, which decodes "
+        "several times faster than MLX's own CPU quantized matmul; otherwise the stored "
+        "format). `vllm-mlx models` shows the path each model takes. See docs/benchmarks.md.",
+    )
+
+    load: Literal["startup", "on_demand"] | None = setting(
+        None,
+        Reload.HOT,
+        "When the weights are loaded: `startup` (as the daemon starts) or `on_demand` (by "
+        "the first request for the model, which waits for the load). Default: `startup` "
+        "for the first model, `on_demand` for every other. A change applies at the next "
+        "start; `POST /v1/models/{id}/load` loads one now (docs/models.md).",
+    )
+    keep_alive: float = setting(
+        -1,
+        Reload.HOT,
+        "Seconds a loaded model may sit idle (no request running) before it is unloaded "
+        "to free its memory; `-1`: never; `0`: as soon as its last request ends.",
+        strict=True,
+    )
+    pin: bool = setting(
+        False,
+        Reload.HOT,
+        "Never evict this model to make room for another under `memory.budget_*` "
+        "(keep_alive and an explicit unload still apply).",
+        strict=True,
+    )
+
+    enable_auto_tool_choice: bool = setting(
+        False,
+        Reload.HOT,
+        "Parse tool calls out of the model's output (needs `tool_call_parser`). Without it, "
+        "requests with tools still render them in the chat template, but calls come back "
+        "as plain content.",
+    )
+    tool_call_parser: str | None = setting(
+        None, Reload.HOT, "Tool-call format of this model (docs/tool-calling.md lists them)."
+    )
+    reasoning_parser: str | None = setting(
+        None, Reload.HOT, "Reasoning format of this model: `qwen3` or `deepseek_r1`."
+    )
+    mcp_tools: Literal["none", "offer", "execute"] = setting(
+        "none",
+        Reload.HOT,
+        "MCP tools in chat and messages requests: `offer` adds the allowed MCP tools to the "
+        "tools a request offers (the request's own win on a name clash); `execute` also "
+        "runs the model's MCP tool calls in the daemon and generates again (docs/mcp.md).",
+    )
+    structured_outputs: Literal["llguidance", "off"] = setting(
+        "llguidance",
+        Reload.HOT,
+        "Constrained decoding for `response_format` JSON schemas, regex/choice/grammar "
+        "requests and forced tool calls (docs/structured-outputs.md): `llguidance` masks "
+        "each token with a grammar; `off` refuses such requests with a 400 and forced tool "
+        "choices fall back to prompting.",
+    )
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive_range(cls, value: float) -> float:
+        if value != -1 and not 0 <= value <= MAX_KEEP_ALIVE_S:
+            raise ValueError(
+                f"keep_alive must be -1 (never unload) or between 0 and {MAX_KEEP_ALIVE_S} "
+                f"seconds, not {value}"
+            )
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _source_exists(cls, value: str) -> str:
+        check_source(value)
+        return value
+
+    @field_validator("structured_outputs", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false (and `on` as true).
+        if isinstance(value, bool):
+            return "llguidance" if value else "off"
+        return value
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_parser(cls, value: str | None) -> str | None:
+        from vllm_mlx.parsers.tool_calls import tool_call_parser_names
+
+        if value is not None and value not in tool_call_parser_names():
+            raise ValueError(
+                f"unknown tool_call_parser {value!r}; valid: {', '.join(tool_call_parser_names())}"
+            )
+        return value
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, value: str | None) -> str | None:
+        from vllm_mlx.parsers.reasoning import reasoning_parser_names
+
+        if value is not None and value not in reasoning_parser_names():
+            raise ValueError(
+                f"unknown reasoning_parser {value!r}; valid: {', '.join(reasoning_parser_names())}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _auto_tool_choice_needs_parser(self) -> ModelSettings:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (e.g. `auto`)")
+        if self.mcp_tools != "none" and not self.enable_auto_tool_choice:
+            raise ValueError(
+                f"mcp_tools: {self.mcp_tools} needs enable_auto_tool_choice and a "
+                "tool_call_parser (the model's calls must be parsed to reach MCP servers)"
+            )
+        return self
+
+
+def loads_at_startup(models: list[ModelSettings], index: int) -> bool:
+    """`load` resolved: unset means startup for the first model only."""
+    load = models[index].load
+    return load == "startup" if load is not None else index == 0
