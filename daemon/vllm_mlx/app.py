@@ -8,10 +8,10 @@ from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
-from vllm_mlx.api.anthropic.convert import error_body as anthropic_error_body
 from vllm_mlx.api.anthropic.routes import make_anthropic_router
 from vllm_mlx.api.edge.auth import is_api_path, protocol_of
 from vllm_mlx.api.edge.boundary import route_path
+from vllm_mlx.api.error_shapes import error_response
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.mcp_routes import make_mcp_router
 from vllm_mlx.api.openai.routes import make_openai_router
@@ -32,18 +32,8 @@ def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[An
     if protocol_of(path, request.headers) == "anthropic":
         # e.g. GET /v1/messages: the Anthropic SDK reads only its own error shape.
         error = APIError(status, str(detail), kind="http")  # the status picks the type
-        return Response(anthropic_error_body(error), status_code=status)
-    return Response(
-        {
-            "error": {
-                "message": detail,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-        },
-        status_code=status,
-    )
+        return error_response("anthropic", error)
+    return error_response("openai", APIError(status, str(detail), "invalid_request"))
 
 
 def create_app(state: ServerState) -> Litestar:

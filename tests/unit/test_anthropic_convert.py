@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.support.anthropic import validate
+from vllm_mlx.api import error_shapes
 from vllm_mlx.api.anthropic import convert
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.errors import APIError, from_validation_error, to_api_error
@@ -304,7 +305,7 @@ def test_request_validation_messages_say_which_field(body: dict[str, Any], needl
     ],
 )
 def test_error_bodies(error: APIError, wire_type: str) -> None:
-    body = convert.error_body(error)
+    body = error_shapes.anthropic_error_body(error)
     assert body == {"type": "error", "error": {"type": wire_type, "message": "x"}}
     validate(body, "ErrorResponse")
 
@@ -322,13 +323,13 @@ def test_unfinished_generations_are_errors() -> None:
     assert _failure(FinishReason.LENGTH) is None
     error = _failure(FinishReason.ERROR, "engine error: boom")
     assert error is not None and error.status == 500 and "boom" in error.message
-    assert convert.error_type(error) == "api_error"
+    assert error_shapes.anthropic_error_type(error) == "api_error"
     refused = _failure(FinishReason.ERROR, "top_k must be at least 0", refused=True)
     assert refused is not None and refused.status == 400
-    assert convert.error_type(refused) == "invalid_request_error"
+    assert error_shapes.anthropic_error_type(refused) == "invalid_request_error"
     aborted = _failure(FinishReason.ABORT, "the engine stopped")
     assert aborted is not None and aborted.status == 503
-    assert convert.error_type(aborted) == "overloaded_error"
+    assert error_shapes.anthropic_error_type(aborted) == "overloaded_error"
 
 
 @pytest.mark.parametrize(
@@ -336,7 +337,7 @@ def test_unfinished_generations_are_errors() -> None:
     [(404, "not_found_error"), (405, "invalid_request_error"), (413, "request_too_large")],
 )
 def test_http_errors_are_typed_by_status(status: int, wire_type: str) -> None:
-    assert convert.error_type(APIError(status, "x", kind="http")) == wire_type
+    assert error_shapes.anthropic_error_type(APIError(status, "x", kind="http")) == wire_type
 
 
 def test_system_role_messages_join_the_system_prompt() -> None:

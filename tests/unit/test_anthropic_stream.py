@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from tests.support.anthropic import check_stream, parse_sse, validate
-from vllm_mlx.api.anthropic.stream import MessageBuilder, with_keepalive
+from vllm_mlx.api.anthropic.builder import MessageBuilder
+from vllm_mlx.api.pipeline.driver import with_keepalive
 from vllm_mlx.api.sse import named_event
 from vllm_mlx.engine.types import Finished, FinishReason, Usage
 from vllm_mlx.parsers import (

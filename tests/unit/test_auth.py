@@ -7,12 +7,12 @@ import pytest
 from vllm_mlx.api.edge import cors
 from vllm_mlx.api.edge.auth import (
     authenticate,
-    error_payload,
     is_api_path,
     matching_key,
     presented_keys,
     protocol_of,
 )
+from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
 
 KEYS = ["alpha-key", "beta-key"]
@@ -69,15 +69,15 @@ def test_api_paths() -> None:
 
 def test_error_shapes() -> None:
     error = APIError(429, "slow down", "rate_limit", code="rate_limit_exceeded")
-    assert error_payload("anthropic", error) == {
+    assert error_body("anthropic", error) == {
         "type": "error",
         "error": {"type": "rate_limit_error", "message": "slow down"},
     }
-    body = error_payload("openai", error)["error"]
+    body = error_body("openai", error)["error"]
     assert body["type"] == "rate_limit_error" and body["code"] == "rate_limit_exceeded"
     unauthorized = APIError(401, "no", "authentication")
-    assert error_payload("anthropic", unauthorized)["error"]["type"] == "authentication_error"
-    assert error_payload("openai", unauthorized)["error"]["type"] == "authentication_error"
+    assert error_body("anthropic", unauthorized)["error"]["type"] == "authentication_error"
+    assert error_body("openai", unauthorized)["error"]["type"] == "authentication_error"
 
 
 def test_cors_origin_matching() -> None:

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from vllm_mlx.api.edge import boundary
+from vllm_mlx.api.edge.body import MAX_DEPTH, check_text, parse_json
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.openai.convert import template_kwargs
 from vllm_mlx.api.openai.schema import ChatCompletionRequest
-from vllm_mlx.api.pipeline.offload import MAX_DEPTH, check_text, off_loop, parse_json
+from vllm_mlx.api.pipeline.offload import off_loop
 from vllm_mlx.config.settings import Settings
 
 

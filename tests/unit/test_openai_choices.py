@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from vllm_mlx.api.openai.choices import merge, seed_for
+from vllm_mlx.api.openai.choices import seed_for
 from vllm_mlx.api.openai.logprobs import LegacyLogprobs, TokenTexts, merge_blocks
+from vllm_mlx.api.pipeline.driver import merge
 from vllm_mlx.engine.types import TokenLogprob
 
 

@@ -14,8 +14,8 @@ from typing import Any
 from tests.support.replay import HERMES_CALL, THOUGHT
 from tests.support.responses import check_stream, parse_sse, texts, validate_response
 from vllm_mlx.api.errors import APIError
+from vllm_mlx.api.responses.builder import ResponseBuilder, response_base
 from vllm_mlx.api.responses.schema import CreateResponseRequest
-from vllm_mlx.api.responses.stream import ResponseBuilder, response_base
 from vllm_mlx.api.sse import named_event
 from vllm_mlx.engine.types import Finished, FinishReason, SamplingParams, Usage
 from vllm_mlx.parsers import ContentDelta, ParserEvent, ToolSpec, make_output_parser

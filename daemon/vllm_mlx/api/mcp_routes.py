@@ -13,9 +13,10 @@ from typing import Any
 from litestar import Request, Router, get, post
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from vllm_mlx.api.edge.body import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body
+from vllm_mlx.api.error_shapes import openai_error_response
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.openai.routes import openai_error_response
+from vllm_mlx.api.state import server_state
 from vllm_mlx.mcp.manager import ToolNotFoundError
 from vllm_mlx.mcp.supervisor import ServerUnavailableError
 

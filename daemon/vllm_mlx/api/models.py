@@ -1,68 +1,119 @@
-"""Loading models for requests, and explicit control: POST /v1/models/{id}/load|unload.
+"""/v1/models in every shape, and explicit control: POST /v1/models/{id}/load|unload.
 
-A request for a model that is not in memory waits here while it loads (docs/models.md);
-the errors become APIErrors, which each protocol's router renders in its own shape.
+OpenAI clients get model cards; the Anthropic SDKs and Claude Code (they always send
+anthropic-version) get Anthropic's model objects, and its error shape for a missing one.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
-from litestar import Request, post
+from litestar import Request, Response, get, post
 from litestar.params import FromPath
 
+from vllm_mlx.api.anthropic.schema import ModelInfo, ModelList
+from vllm_mlx.api.error_shapes import anthropic_error_body
 from vllm_mlx.api.errors import APIError, model_not_found
-from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.openai.schema import ModelCard
+from vllm_mlx.api.pipeline.acquire import load, manager_of
+from vllm_mlx.api.state import ServerState, server_state
 from vllm_mlx.engine.fleet.footprint import footprint
-from vllm_mlx.engine.fleet.registry import LoadState, ModelEntry
-from vllm_mlx.engine.fleet.residency import (
-    ModelBusyError,
-    ModelCapacityError,
-    ModelLoadError,
-    ModelManager,
-)
+from vllm_mlx.engine.fleet.registry import ModelEntry
+from vllm_mlx.engine.fleet.residency import ModelBusyError
 
 MIB = 2**20
+ANTHROPIC_VERSION_HEADER = "anthropic-version"
 
 
-def manager_of(state: ServerState) -> ModelManager:
-    if state.residency is None:
-        raise APIError(503, "models are not served yet", "unavailable", code="model_not_ready")
-    return state.residency
+# --- OpenAI's shape --------------------------------------------------------------------
 
 
-def served_entry(state: ServerState, model_id: str) -> ModelEntry:
-    """The model a request names: 503 while the daemon drains, 404 for an unknown id."""
-    if state.draining:
-        raise APIError(503, "the server is shutting down", "unavailable", code="shutting_down")
-    entry = state.registry.resolve(model_id)
-    if entry is None:
-        raise model_not_found(model_id)
-    return entry
+def _model_card(model_id: str, created: int) -> ModelCard:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "vllm-mlx"}
 
 
-async def acquire(state: ServerState, entry: ModelEntry, model_id: str) -> None:
-    """Hold `entry` for this request, loading it first when it is not in memory; 503
-    when it still cannot serve (failed, or stopped meanwhile)."""
-    await _load(state, entry, model_id, hold=True)
-    if entry.state is not LoadState.RUNNING or entry.runner is None:
-        raise APIError(
-            503, f"model '{model_id}' is {entry.state.value}", "unavailable", code="model_not_ready"
-        )
+def model_cards(state: ServerState) -> list[ModelCard]:
+    cards = []
+    for entry in state.registry.entries():
+        name = entry.settings.name
+        cards.append(_model_card(name, entry.created))
+        cards.extend(_model_card(a, entry.created) for a in state.registry.aliases_of(name))
+    return cards
 
 
-async def _load(state: ServerState, entry: ModelEntry, model_id: str, hold: bool) -> None:
-    manager = manager_of(state)
-    try:
-        await (manager.acquire(entry) if hold else manager.load_ready(entry))
-    except ModelCapacityError as exc:
-        raise APIError(503, str(exc), "unavailable", code="model_memory_budget") from exc
-    except ModelLoadError as exc:
-        message = str(exc)
-        if not message.startswith("model '"):
-            message = f"model '{model_id}' failed to load: {message}"
-        raise APIError(503, message, "unavailable", code="model_not_ready") from exc
+# --- Anthropic's shape ---------------------------------------------------------------
+
+
+def wants_anthropic(headers: Mapping[str, str]) -> bool:
+    """Anthropic SDKs and Claude Code always send anthropic-version; OpenAI clients never."""
+    return ANTHROPIC_VERSION_HEADER in headers
+
+
+def _rfc3339(timestamp: int) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
+
+
+def model_infos(state: ServerState) -> list[ModelInfo]:
+    infos: list[ModelInfo] = []
+    for entry in state.registry.entries():
+        name = entry.settings.name
+        context = entry.engine.context_length if entry.engine is not None else None
+        for model_id in (name, *state.registry.aliases_of(name)):
+            infos.append(
+                {
+                    "type": "model",
+                    "id": model_id,
+                    "display_name": model_id,
+                    "created_at": _rfc3339(entry.created),
+                    "lifecycle": "active",
+                    "max_input_tokens": context,
+                }
+            )
+    return infos
+
+
+def model_list(state: ServerState) -> ModelList:
+    # Every served model fits in one page, so there is never a next page.
+    infos = model_infos(state)
+    return {
+        "data": infos,
+        "has_more": False,
+        "first_id": infos[0]["id"] if infos else None,
+        "last_id": infos[-1]["id"] if infos else None,
+    }
+
+
+def find_model(state: ServerState, model_id: str) -> ModelInfo | None:
+    return next((info for info in model_infos(state) if info["id"] == model_id), None)
+
+
+# --- the routes ------------------------------------------------------------------------
+
+
+@get("/models")
+async def list_models(request: Request[Any, Any, Any]) -> Any:
+    state = server_state(request)
+    if wants_anthropic(request.headers):  # Anthropic SDK, Claude Code
+        return model_list(state)
+    return {"object": "list", "data": model_cards(state)}
+
+
+@get("/models/{model_id:path}")
+async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> Any:
+    model_id = model_id.lstrip("/")
+    state = server_state(request)
+    if wants_anthropic(request.headers):
+        info = find_model(state, model_id)
+        if info is not None:
+            return info
+        return Response(anthropic_error_body(model_not_found(model_id)), status_code=404)
+    for card in model_cards(state):
+        if card["id"] == model_id:
+            return card
+    raise model_not_found(model_id)
 
 
 def residency_block(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
@@ -99,7 +150,7 @@ def _answer(state: ServerState, entry: ModelEntry, action: str, changed: bool) -
 async def model_action(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     """`POST /v1/models/{id}/load` and `/unload` (ids may hold slashes: org/name)."""
     model_id, _, action = model_id.lstrip("/").rpartition("/")
-    state: ServerState = request.app.state.server  # not api.common: it imports generation
+    state = server_state(request)
     if action not in ("load", "unload"):
         raise APIError(404, f"POST /v1/models/{model_id}/{action} is not served by this daemon; "
                        "use /load or /unload", "not_found")  # fmt: skip
@@ -111,7 +162,7 @@ async def model_action(request: Request[Any, Any, Any], model_id: FromPath[str])
     manager = manager_of(state)
     if action == "load":
         was_loaded = entry.runner is not None
-        await _load(state, entry, model_id, hold=False)
+        await load(state, entry, model_id, hold=False)
         entry.last_used = time.monotonic()  # idle from now: keep_alive counts from here
         return _answer(state, entry, action, not was_loaded)
     try:

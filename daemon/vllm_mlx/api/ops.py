@@ -13,8 +13,8 @@ from typing import Any, cast
 
 from litestar import Litestar, Request, Response, get
 
-from vllm_mlx.api.edge.auth import error_payload
 from vllm_mlx.api.edge.middleware import ASGIApp, OpsMiddleware
+from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.models import residency_block
 from vllm_mlx.api.state import ServerState
@@ -91,7 +91,7 @@ def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     state = _state(request)
     if not state.settings.metrics.enabled:
         error = APIError(404, "metrics are disabled (metrics.enabled: false)", "not_found")
-        return Response(error_payload("openai", error), status_code=404)
+        return Response(error_body("openai", error), status_code=404)
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from litestar import Request
+
 from vllm_mlx.api.responses.store import ResponseStore
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.status import GroupStatus
@@ -49,3 +51,9 @@ class ServerState:
             "last_error": self.config_error,
             "pending_changes": list(self.pending_changes),
         }
+
+
+def server_state(request: Request[Any, Any, Any]) -> ServerState:
+    """The daemon's state, as the app factory installed it."""
+    state: ServerState = request.app.state.server
+    return state

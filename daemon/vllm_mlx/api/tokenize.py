@@ -13,15 +13,14 @@ from typing import Any
 
 from litestar import Request, Router, post
 
-from vllm_mlx.api.edge.body import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body
+from vllm_mlx.api.error_shapes import openai_error_response
 from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.openai import convert
-from vllm_mlx.api.openai.routes import openai_error_response
 from vllm_mlx.api.openai.schema import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
-from vllm_mlx.api.pipeline.offload import off_loop, prompt_tokens
-from vllm_mlx.api.pipeline.turn import resolve_target
-from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.pipeline.turn import resolve_turn
+from vllm_mlx.api.state import ServerState, server_state
 
 
 def _model_id(state: ServerState, model: str | None) -> str:
@@ -80,19 +79,19 @@ def _prompt_tokens(tokenizer: Any, body: TokenizeRequest) -> list[int]:
 async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, TokenizeRequest)
     state = server_state(request)
-    target = await resolve_target(state, _model_id(state, body.model))
-    tokenizer = target.engine.tokenizer
+    turn = await resolve_turn(state, _model_id(state, body.model), "/tokenize")
+    tokenizer = turn.tokenizer
     if body.messages is not None:
         chat = _chat_request(body)
-        allow = target.settings.server.allow_client_chat_templates
+        allow = turn.settings.server.allow_client_chat_templates
         kwargs = convert.template_kwargs(chat, allow)
-        tokens = await prompt_tokens(target, _chat_tokens, tokenizer, chat, body, kwargs)
+        tokens = await turn.off_loop(_chat_tokens, tokenizer, chat, body, kwargs)
     else:
-        tokens = await prompt_tokens(target, _prompt_tokens, tokenizer, body)
+        tokens = await turn.off_loop(_prompt_tokens, tokenizer, body)
     strs = tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
     return {
         "count": len(tokens),
-        "max_model_len": target.engine.context_length,
+        "max_model_len": turn.engine.context_length,
         "tokens": tokens,
         "token_strs": strs,
     }
@@ -102,14 +101,12 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, DetokenizeRequest)
     state = server_state(request)
-    target = await resolve_target(state, _model_id(state, body.model))
-    tokenizer = target.engine.tokenizer
+    turn = await resolve_turn(state, _model_id(state, body.model), "/detokenize")
+    tokenizer = turn.tokenizer
     vocab_size = len(tokenizer.get_vocab())
     if any(t < 0 or t >= vocab_size for t in body.tokens):
         raise bad_request("tokens contains ids outside the vocabulary", "tokens")
-    text = await off_loop(
-        tokenizer.decode, body.tokens, limit_s=target.settings.limits.prompt_timeout
-    )
+    text = await turn.off_loop(tokenizer.decode, body.tokens)
     return {"prompt": text}
 
 

@@ -1,4 +1,4 @@
-"""Anthropic wire <-> neutral records: prompts, stop reasons, errors, model cards.
+"""Anthropic wire <-> neutral records: prompts, stop reasons, structured outputs.
 
 A Messages request becomes Hugging Face style chat messages (tool calls as objects,
 tool results as ``tool`` messages) rendered by the same ``render_chat`` the OpenAI
@@ -7,66 +7,22 @@ adapter uses, so count_tokens and ``usage.input_tokens`` agree by construction.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from vllm_mlx.api.anthropic.conversation import conversation, is_prefill
 from vllm_mlx.api.anthropic.schema import (
-    ErrorResponse,
     MessagesRequest,
-    ModelInfo,
-    ModelList,
     PromptFields,
     TextBlock,
     Tool,
 )
-from vllm_mlx.api.errors import APIError, bad_request
+from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.pipeline.chat_template import render_chat
 from vllm_mlx.api.pipeline.structured import ForcedTools
-from vllm_mlx.api.state import ServerState
 from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import Finished, FinishReason
 from vllm_mlx.parsers.types import ToolSpec
-
-ANTHROPIC_VERSION_HEADER = "anthropic-version"
-
-ERROR_TYPES = {
-    "invalid_request": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "permission_error",
-    "not_found": "not_found_error",
-    "rate_limit": "rate_limit_error",
-    "unavailable": "overloaded_error",
-    "overloaded": "overloaded_error",
-    "timeout": "api_error",
-    "server_error": "api_error",
-}
-
-_ERROR_TYPES_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
-
-
-def error_type(error: APIError) -> str:
-    """The neutral kind decides; a kind this adapter does not know falls back to the status."""
-    if error.kind in ERROR_TYPES:
-        return ERROR_TYPES[error.kind]
-    fallback = "api_error" if error.status >= 500 else "invalid_request_error"
-    return _ERROR_TYPES_BY_STATUS.get(error.status, fallback)
-
-
-def error_body(error: APIError) -> ErrorResponse:
-    return {"type": "error", "error": {"type": error_type(error), "message": error.message}}
-
 
 # --- requests -> chat template -------------------------------------------------------
 
@@ -194,52 +150,6 @@ def stop_reason(finished: Finished, used_tools: bool) -> str:
     if used_tools or finished.reason is FinishReason.TOOL_CALLS:
         return "tool_use"
     return "end_turn"
-
-
-# --- /v1/models in Anthropic's shape ---------------------------------------------------
-
-
-def wants_anthropic(headers: Mapping[str, str]) -> bool:
-    """Anthropic SDKs and Claude Code always send anthropic-version; OpenAI clients never."""
-    return ANTHROPIC_VERSION_HEADER in headers
-
-
-def _rfc3339(timestamp: int) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
-
-
-def model_infos(state: ServerState) -> list[ModelInfo]:
-    infos: list[ModelInfo] = []
-    for entry in state.registry.entries():
-        name = entry.settings.name
-        context = entry.engine.context_length if entry.engine is not None else None
-        for model_id in (name, *state.registry.aliases_of(name)):
-            infos.append(
-                {
-                    "type": "model",
-                    "id": model_id,
-                    "display_name": model_id,
-                    "created_at": _rfc3339(entry.created),
-                    "lifecycle": "active",
-                    "max_input_tokens": context,
-                }
-            )
-    return infos
-
-
-def model_list(state: ServerState) -> ModelList:
-    # Every served model fits in one page, so there is never a next page.
-    infos = model_infos(state)
-    return {
-        "data": infos,
-        "has_more": False,
-        "first_id": infos[0]["id"] if infos else None,
-        "last_id": infos[-1]["id"] if infos else None,
-    }
-
-
-def find_model(state: ServerState, model_id: str) -> ModelInfo | None:
-    return next((info for info in model_infos(state) if info["id"] == model_id), None)
 
 
 # --- structured outputs (docs/structured-outputs.md) -------------------------------------

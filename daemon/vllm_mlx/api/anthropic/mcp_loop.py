@@ -12,36 +12,34 @@ block type of Anthropic's own MCP connector).
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from vllm_mlx.api.anthropic import convert
+from litestar import Response
+from litestar.response import Stream
+
+from vllm_mlx.api.anthropic.builder import MessageBuilder
+from vllm_mlx.api.anthropic.messages import MessageGeneration, message_generation
 from vllm_mlx.api.anthropic.schema import InputMessage, MessagesRequest, PromptFields
 from vllm_mlx.api.anthropic.schema import Tool as AnthropicTool
-from vllm_mlx.api.anthropic.stream import PING_EVERY_S, Event, MessageBuilder, with_keepalive
-from vllm_mlx.api.errors import APIError, to_api_error
-from vllm_mlx.api.openai.mcp_loop import mcp_mode, offered_mcp_tools
-from vllm_mlx.api.pipeline.turn import Target
-from vllm_mlx.api.sse import named_event
+from vllm_mlx.api.pipeline import driver, mcp
+from vllm_mlx.api.pipeline.driver import Event, Run
+from vllm_mlx.api.pipeline.turn import Turn
+from vllm_mlx.api.sse import SSE_HEADERS
 from vllm_mlx.engine.types import Finished, Usage
 from vllm_mlx.mcp.manager import McpManager
 from vllm_mlx.mcp.tools import ToolResult
 
 P = TypeVar("P", bound=PromptFields)
-OneMessage = Callable[[MessagesRequest], Awaitable[dict[str, Any]]]
-RoundOutput = tuple[AsyncGenerator[Any, None], MessageBuilder]
-Round = Callable[[MessagesRequest], Awaitable[RoundOutput]]
 
 
-def attach(mcp: McpManager, target: Target, body: P) -> tuple[P, MessagesLoop | None]:
+def attach(manager: McpManager, turn: Turn, body: P) -> tuple[P, MessagesLoop | None]:
     """The request with MCP tools added, and the loop that runs them (`execute`)."""
     if body.tool_choice is not None and body.tool_choice.type == "none":
         return body, None
     client = {tool.name for tool in body.tools or []}
-    offered = offered_mcp_tools(mcp, target, client)
+    offered = mcp.offered_mcp_tools(manager, turn, client)
     if not offered:
         return body, None
     extra = [
@@ -49,10 +47,10 @@ def attach(mcp: McpManager, target: Target, body: P) -> tuple[P, MessagesLoop | 
         for t in offered
     ]
     body = body.model_copy(update={"tools": [*(body.tools or []), *extra]})
-    if mcp_mode(target) != "execute":
+    if mcp.mcp_mode(turn) != "execute":
         return body, None
-    names = {tool.full_name for tool in offered}
-    return body, MessagesLoop(mcp, names, target.settings.mcp.max_tool_rounds)
+    servers = {tool.full_name: tool.server for tool in offered}
+    return body, MessagesLoop(manager, turn, servers, turn.settings.mcp.max_tool_rounds)
 
 
 def _history_blocks(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -60,104 +58,82 @@ def _history_blocks(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [block for block in content if block["type"] in ("text", "tool_use")]
 
 
+def _calls(uses: list[dict[str, Any]]) -> list[mcp.Call]:
+    return [(use["id"], use["name"], use["input"]) for use in uses]
+
+
 @dataclass
 class MessagesLoop:
-    mcp: McpManager
-    names: set[str]  # the MCP tools this request was offered
+    manager: McpManager
+    turn: Turn
+    servers: dict[str, str]  # the MCP tools this request was offered -> their servers
     rounds: int
 
-    async def complete(self, body: MessagesRequest, one: OneMessage) -> dict[str, Any]:
+    async def respond(self, body: MessagesRequest) -> Response[Any]:
+        if body.stream:
+            first = await message_generation(self.turn, body)  # errors are HTTP errors
+            return Stream(self._stream(body, first), media_type="text/event-stream",
+                          headers=SSE_HEADERS)  # fmt: skip
+        return Response(await self._complete(body))
+
+    async def _complete(self, body: MessagesRequest) -> dict[str, Any]:
         executed: list[dict[str, Any]] = []
         input_tokens = output_tokens = 0
         for round_no in range(self.rounds + 1):
-            message = await one(body)
+            generation = await message_generation(self.turn, body)
+            message = await driver.complete([generation.run], generation.builder)
             input_tokens += message["usage"]["input_tokens"]
             output_tokens += message["usage"]["output_tokens"]
             uses = [block for block in message["content"] if block["type"] == "tool_use"]
             if (
                 round_no == self.rounds
-                or not self._runs(uses)
+                or not mcp.all_mcp(_calls(uses), self.servers)
                 or message["stop_reason"] != "tool_use"
             ):
                 break
-            results = await asyncio.gather(
-                *(self.mcp.execute_or_error(use["name"], use["input"]) for use in uses)
-            )
+            results = await mcp.execute(self.manager, _calls(uses))
             executed.extend(_record(round_no + 1, u, r) for u, r in zip(uses, results, strict=True))
-            body = _extended(body, message["content"], uses, list(results))
+            body = _extended(body, message["content"], uses, results)
         message["usage"] = {**message["usage"], "input_tokens": input_tokens,
                             "output_tokens": output_tokens}  # fmt: skip
         if executed:
             message["mcp_tool_calls"] = executed
         return message
 
-    async def stream(
-        self, body: MessagesRequest, next_round: Round, first: RoundOutput
-    ) -> AsyncIterator[bytes]:
-        """`first` is prepared before the response starts, so its errors are HTTP errors."""
-        events, builder = first
-        for event in builder.start():
-            yield _sse(event)
-        used = Usage(0, 0)
-        try:
-            for round_no in range(self.rounds + 1):
-                if round_no:
-                    events, _ = await next_round(body)  # the first builder spans every round
-                start = len(builder.content)
-                ended: list[Finished] = []
-                async for chunk in self._generate(events, builder, ended):
-                    yield chunk
-                finished = ended[0]
-                used = Usage(used.prompt_tokens + finished.usage.prompt_tokens,
-                             used.completion_tokens + finished.usage.completion_tokens)  # fmt: skip
-                blocks = builder.content[start:]
-                uses = [block for block in blocks if block["type"] == "tool_use"]
-                if round_no == self.rounds or not self._runs(uses):
-                    last = Finished(finished.reason, used, finished.stop_sequence, finished.message)
-                    for event in builder.finish(last):
-                        yield _sse(event)
-                    return
-                results = list(await asyncio.gather(
-                    *(self.mcp.execute_or_error(use["name"], use["input"]) for use in uses)
-                ))  # fmt: skip
-                for event in _result_blocks(builder, uses, results):
-                    yield _sse(event)
-                builder.used_tools = False  # a later round that only answers ends the turn
-                body = _extended(body, blocks, uses, results)
-        except Exception as exc:  # headers are sent: the error travels as an `error` event
-            yield _sse(dict(convert.error_body(to_api_error(exc))))
-
-    def _runs(self, uses: list[dict[str, Any]]) -> bool:
-        return bool(uses) and all(use["name"] in self.names for use in uses)
-
-    async def _generate(
-        self, events: AsyncGenerator[Any, None], builder: MessageBuilder, ended: list[Finished]
-    ) -> AsyncIterator[bytes]:
-        """One round's events, its last block closed; its Finished goes into `ended`."""
-        async for output in with_keepalive(events, PING_EVERY_S):
-            if output is None:
-                yield _sse({"type": "ping"})
-            elif isinstance(output, Finished):
-                ended.append(output)
-            else:
-                for event in builder.feed(output):
-                    yield _sse(self._marked(event))
-        if not ended:  # (a failed generation raised already, in api.generation.run)
-            raise APIError(500, "generation ended without a result", "server_error")
-        for event in builder.close():
-            yield _sse(event)
-
-    def _marked(self, event: Event) -> Event:
-        block = event.get("content_block")
-        if event["type"] == "content_block_start" and block and block["type"] == "tool_use":
-            server = self.mcp.find(block["name"])
-            if block["name"] in self.names and server is not None:
-                event["content_block"] = {**block, "mcp": {"server": server.server}}
-        return event
+    def _stream(self, body: MessagesRequest, first: MessageGeneration) -> Any:
+        """Every round's blocks in one message, from `first`'s builder."""
+        first.builder.mcp_servers = self.servers
+        rounds = _StreamRounds(self, body, first.builder)
+        interval = self.turn.settings.engine.stream_interval
+        return driver.stream([first.run], first.builder, interval, rounds)
 
 
-def _sse(event: Event) -> bytes:
-    return named_event(event["type"], event)
+@dataclass
+class _StreamRounds:
+    loop: MessagesLoop
+    body: MessagesRequest
+    builder: MessageBuilder
+    round_no: int = 0
+    start: int = 0  # the first block of this round in the message
+    usage: Usage = field(default_factory=lambda: Usage(0, 0))
+
+    async def next(self, finished: Finished) -> tuple[list[Event], list[Run] | Finished]:
+        builder = self.builder
+        sent = builder.close()  # the round's last block: tool_use input is complete now
+        self.usage = mcp.added(self.usage, finished.usage)
+        blocks = builder.content[self.start :]
+        uses = [block for block in blocks if block["type"] == "tool_use"]
+        if self.round_no == self.loop.rounds or not mcp.all_mcp(_calls(uses), self.loop.servers):
+            last = Finished(finished.reason, self.usage, finished.stop_sequence, finished.message)
+            return sent, last
+        self.round_no += 1
+        results = await mcp.execute(self.loop.manager, _calls(uses))
+        sent.extend(_result_blocks(builder, uses, results))
+        builder.used_tools = False  # a later round that only answers ends the turn
+        self.body = _extended(self.body, blocks, uses, results)
+        self.start = len(builder.content)
+        generation = await message_generation(self.loop.turn, self.body)
+        return sent, [generation.run]
 
 
 def _result_blocks(

@@ -11,11 +11,9 @@ import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from vllm_mlx.api.anthropic.convert import error_body as anthropic_error_body
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.openai.convert import error_body as openai_error_body
 
 Protocol = Literal["openai", "anthropic"]
 
@@ -87,10 +85,3 @@ def authenticate(headers: Mapping[str, str], keys: Sequence[str]) -> AuthResult:
         )
         return AuthResult(None, error, "invalid")
     return AuthResult(key)
-
-
-def error_payload(protocol: Protocol, error: APIError) -> dict[str, Any]:
-    """An error body in the protocol's own shape."""
-    if protocol == "anthropic":
-        return dict(anthropic_error_body(error))
-    return dict(openai_error_body(error))

@@ -20,8 +20,9 @@ from typing import Any
 import structlog
 
 from vllm_mlx.api.edge import boundary, cors
-from vllm_mlx.api.edge.auth import authenticate, error_payload, is_api_path, protocol_of
+from vllm_mlx.api.edge.auth import authenticate, is_api_path, protocol_of
 from vllm_mlx.api.edge.limits import RateLimiter, client_id, retry_after_header
+from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config.settings import Settings
@@ -125,7 +126,7 @@ class OpsMiddleware:
             await self._preflight(response, headers, response.cors)
             return
         if refusal is not None:
-            payload = error_payload(protocol_of(path, headers), refusal)
+            payload = error_body(protocol_of(path, headers), refusal)
             extra = [(k.lower().encode(), v.encode()) for k, v in (refusal.headers or {}).items()]
             await send_json(response, refusal.status, payload, extra)
             return
@@ -156,7 +157,7 @@ class OpsMiddleware:
         # Preflights carry no credentials, so they are answered before the key check.
         if not allowed:
             error = APIError(400, "CORS origin not allowed", "invalid_request")
-            await send_json(response, 400, error_payload("openai", error))
+            await send_json(response, 400, error_body("openai", error))
             return
         raw = cors.preflight_headers(headers)  # response adds the allow-origin header
         await response({"type": "http.response.start", "status": 204, "headers": raw})

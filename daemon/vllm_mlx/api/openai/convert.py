@@ -6,12 +6,11 @@ import json
 import time
 from typing import Any
 
-from vllm_mlx.api.errors import APIError, bad_request
+from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.openai.schema import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    ErrorResponse,
     ImagePart,
     NamedToolChoice,
     Tool,
@@ -19,33 +18,10 @@ from vllm_mlx.api.openai.schema import (
 )
 from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
 from vllm_mlx.api.pipeline.structured import ForcedTools
-from vllm_mlx.api.pipeline.turn import Target, sampling_params
+from vllm_mlx.api.pipeline.turn import Turn
 from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import FinishReason, SamplingParams, Usage
 from vllm_mlx.parsers.types import ToolCall, ToolSpec
-
-OPENAI_ERROR_TYPES = {
-    "invalid_request": "invalid_request_error",
-    "not_found": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "invalid_request_error",
-    "too_large": "invalid_request_error",
-    "rate_limit": "rate_limit_error",
-    "timeout": "timeout_error",
-    "unavailable": "service_unavailable_error",
-    "server_error": "server_error",
-}
-
-
-def error_body(error: APIError) -> ErrorResponse:
-    return {
-        "error": {
-            "message": error.message,
-            "type": OPENAI_ERROR_TYPES.get(error.kind, "server_error"),
-            "param": error.param,
-            "code": error.code,
-        }
-    }
 
 
 def _message_text(message: ChatMessage, index: int) -> str | None:
@@ -277,13 +253,10 @@ def tool_arguments_delta(index: int, fragment: str) -> dict[str, Any]:
     return {"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}
 
 
-def sampling_from(
-    target: Target, body: ChatCompletionRequest | CompletionRequest
-) -> SamplingParams:
+def sampling_from(turn: Turn, body: ChatCompletionRequest | CompletionRequest) -> SamplingParams:
     """The request's sampling fields over the configured defaults; top_p 0 is greedy."""
     greedy = body.top_p == 0
-    return sampling_params(
-        target,
+    return turn.sampling(
         temperature=0.0 if greedy else body.temperature,
         top_p=None if greedy else body.top_p,
         top_k=body.top_k,

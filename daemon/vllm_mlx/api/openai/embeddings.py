@@ -18,17 +18,17 @@ import numpy as np
 import structlog
 from litestar import Request, Response, post
 
-from vllm_mlx.api.edge.body import parse_body, server_state
+from vllm_mlx.api.edge.body import parse_body
 from vllm_mlx.api.errors import APIError, bad_request
-from vllm_mlx.api.models import acquire, served_entry
 from vllm_mlx.api.openai.embedding_schema import (
     MAX_INPUTS,
     EmbeddingItem,
     EmbeddingRequest,
     EmbeddingResponse,
 )
-from vllm_mlx.api.pipeline.turn import new_request_id
-from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.pipeline.acquire import acquire, served_entry
+from vllm_mlx.api.pipeline.ids import new_id
+from vllm_mlx.api.state import ServerState, server_state
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 
@@ -206,7 +206,7 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     state.metrics.embedding_request(target.name, len(tokens), count, seconds)
     log.info(
         "request",
-        request_id=new_request_id("embd"),
+        request_id=new_id("embd-"),
         route=ROUTE,
         model=target.model_id,
         status=200,

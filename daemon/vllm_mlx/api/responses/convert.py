@@ -10,13 +10,13 @@ ride on the next assistant turn as `reasoning_content`, the key templates read.
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from vllm_mlx.api.errors import APIError, bad_request, from_validation_error
+from vllm_mlx.api.pipeline.ids import new_id
 from vllm_mlx.api.responses.schema import (
     ITEM_MODELS,
     CreateResponseRequest,
@@ -37,10 +37,6 @@ ID_PREFIXES = {
     "reasoning": "rs",
 }
 UNSUPPORTED_PARTS = {"input_image": "images", "input_file": "files", "input_audio": "audio"}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 def validated(model: type[BaseModelT], data: Any, where: str) -> BaseModelT:
@@ -119,7 +115,7 @@ def _part(part: dict[str, Any], role: str, where: str) -> str:
 def _normalized(item: Any) -> dict[str, Any]:
     """An item as stored and listed by input_items: an id, a status, parts as lists."""
     data: dict[str, Any] = item.model_dump(exclude_none=True, by_alias=True)
-    data["id"] = item.id or new_id(ID_PREFIXES[item.type])
+    data["id"] = item.id or new_id(ID_PREFIXES[item.type] + "_", 32)
     if isinstance(item, MessageItem):
         parts = item.content
         if isinstance(parts, str):

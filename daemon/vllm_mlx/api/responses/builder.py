@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.responses.convert import new_id
+from vllm_mlx.api.pipeline.driver import Event, WireBuilder
+from vllm_mlx.api.pipeline.ids import new_id
 from vllm_mlx.api.responses.schema import CreateResponseRequest
+from vllm_mlx.api.sse import named_event
 from vllm_mlx.engine.types import Finished, FinishReason, SamplingParams
 from vllm_mlx.parsers.types import (
     ContentDelta,
@@ -25,8 +27,6 @@ from vllm_mlx.parsers.types import (
     ToolCallArgumentsDelta,
     ToolCallStart,
 )
-
-Event = dict[str, Any]
 
 
 def response_base(
@@ -105,15 +105,17 @@ class _Open:
     call: int | None = None  # the parser's index of an open function call
 
 
-class ResponseBuilder:
+class ResponseBuilder(WireBuilder):
     def __init__(
         self,
         response: dict[str, Any],
         namespaces: dict[str, tuple[str, str]],
         count_tokens: Callable[[str], int],
         max_calls: int | None = None,
+        keep: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.response = response
+        self._keep = keep  # stores the response once it is over (store: true)
         self._namespaces = namespaces
         self._count_tokens = count_tokens
         self._max_calls = max_calls
@@ -132,7 +134,7 @@ class ResponseBuilder:
     def start(self) -> list[Event]:
         return [self._snapshot("response.created"), self._snapshot("response.in_progress")]
 
-    def feed(self, event: ParserEvent) -> list[Event]:
+    def feed(self, event: ParserEvent, index: int = 0) -> list[Event]:
         if isinstance(event, ReasoningDelta):
             return self._text("reasoning", event.text) if event.text else []
         if isinstance(event, ContentDelta):
@@ -184,12 +186,17 @@ class ResponseBuilder:
         item: dict[str, Any]
         part: dict[str, Any]
         if kind == "reasoning":
-            item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "status": "in_progress"}
+            item = {
+                "id": new_id("rs_", 32),
+                "type": "reasoning",
+                "summary": [],
+                "status": "in_progress",
+            }
             events = self._add(kind, item)
             part = {"type": "summary_text", "text": ""}
             return [*events, self._part_event("response.reasoning_summary_part.added", part)]
         item = {
-            "id": new_id("msg"),
+            "id": new_id("msg_", 32),
             "type": "message",
             "role": "assistant",
             "status": "in_progress",
@@ -212,7 +219,7 @@ class ResponseBuilder:
 
     def _start_call(self, event: ToolCallStart) -> list[Event]:
         item: dict[str, Any] = {
-            "id": new_id("fc"),
+            "id": new_id("fc_", 32),
             "type": "function_call",
             "status": "in_progress",
             "call_id": event.id,
@@ -289,7 +296,7 @@ class ResponseBuilder:
 
     # --- the end ---------------------------------------------------------------------
 
-    def finish(self, finished: Finished) -> list[Event]:
+    def finish(self, finished: Finished, index: int = 0) -> list[Event]:
         """Close the last item; response.completed (or .incomplete) with usage."""
         incomplete = finished.reason is FinishReason.LENGTH
         events = self._close("incomplete" if incomplete else "completed")
@@ -318,3 +325,14 @@ class ResponseBuilder:
         self.response["status"] = "failed"
         self.response["error"] = {"code": error_code(error), "message": error.message}
         return [*events, self._snapshot("response.failed")]
+
+    def frame(self, event: Event) -> bytes:
+        # The SSE event name is always the payload's own type.
+        return named_event(event["type"], event)
+
+    def result(self) -> dict[str, Any]:
+        return self.response
+
+    def closed(self) -> None:
+        if self._keep is not None:
+            self._keep(self.response)

@@ -9,12 +9,14 @@ always agree on what the model said.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from vllm_mlx.api.anthropic import convert
+from vllm_mlx.api.error_shapes import anthropic_error_body
+from vllm_mlx.api.errors import APIError
+from vllm_mlx.api.pipeline.driver import Event, WireBuilder
+from vllm_mlx.api.sse import named_event
 from vllm_mlx.engine.types import Finished
 from vllm_mlx.parsers.types import (
     ContentDelta,
@@ -23,9 +25,6 @@ from vllm_mlx.parsers.types import (
     ToolCallArgumentsDelta,
     ToolCallStart,
 )
-
-Event = dict[str, Any]
-Item = TypeVar("Item")
 
 # A `ping` after this many silent seconds (a long prefill, a slow step) keeps clients
 # and proxies from dropping the stream as idle; the hosted API pings the same way.
@@ -38,7 +37,9 @@ _EMPTY_BLOCKS: dict[str, dict[str, Any]] = {
 }
 
 
-class MessageBuilder:
+class MessageBuilder(WireBuilder):
+    keepalive_s = PING_EVERY_S
+
     def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
         self.message_id = message_id
         self.model = model
@@ -48,6 +49,9 @@ class MessageBuilder:
         self._open_tool: int | None = None  # parser index of the open tool_use block
         self._tool_json: list[str] = []
         self.used_tools = False
+        self.finished: Finished | None = None
+        # MCP tools the daemon runs itself (`execute`) -> their servers: marked on start.
+        self.mcp_servers: dict[str, str] = {}
 
     def _message(self, content: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
         return {
@@ -66,7 +70,7 @@ class MessageBuilder:
         # The ping right away keeps proxies from timing out a long prefill.
         return [{"type": "message_start", "message": self._message([])}, {"type": "ping"}]
 
-    def feed(self, event: ParserEvent) -> list[Event]:
+    def feed(self, event: ParserEvent, index: int = 0) -> list[Event]:
         if isinstance(event, ContentDelta | ReasoningDelta):
             kind = "text" if isinstance(event, ContentDelta) else "thinking"
             if not event.text:
@@ -102,6 +106,8 @@ class MessageBuilder:
         start: Event = {"type": "content_block_start", "index": self._index}
         # The start event carries a copy: the block itself keeps growing with the deltas.
         start["content_block"] = dict(block)
+        if kind == "tool_use" and block["name"] in self.mcp_servers:
+            start["content_block"]["mcp"] = {"server": self.mcp_servers[block["name"]]}
         return [*events, start]
 
     @property
@@ -129,8 +135,9 @@ class MessageBuilder:
         self._open = None
         return [{"type": "content_block_stop", "index": self._index}]
 
-    def finish(self, finished: Finished) -> list[Event]:
+    def finish(self, finished: Finished, index: int = 0) -> list[Event]:
         """Close the last block; message_delta (stop reason, usage) and message_stop."""
+        self.finished = finished
         events = self._close_block()
         if not self.content:
             # Clients read content[0]; an empty answer is one empty text block.
@@ -148,6 +155,20 @@ class MessageBuilder:
             {"type": "message_delta", "delta": delta, "usage": usage},
             {"type": "message_stop"},
         ]
+
+    def fail(self, error: APIError) -> list[Event]:
+        return [dict(anthropic_error_body(error))]
+
+    def ping(self) -> Event:
+        return {"type": "ping"}
+
+    def frame(self, event: Event) -> bytes:
+        # The SSE event name is always the payload's own type.
+        return named_event(event["type"], event)
+
+    def result(self) -> dict[str, Any]:
+        assert self.finished is not None  # the driver raised for a run without one
+        return self.message(self.finished)
 
     def message(self, finished: Finished) -> dict[str, Any]:
         """The non-streaming response: finish() folded into the message."""
@@ -169,33 +190,3 @@ def _json_object(text: str) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
-
-
-async def with_keepalive(
-    events: AsyncGenerator[Item, None], every: float
-) -> AsyncIterator[Item | None]:
-    """`events`, plus None each time `every` seconds pass without one.
-
-    The pending item is awaited in its own task so a tick never cancels it; closing
-    this iterator (client gone) cancels that task, which closes `events` and so
-    aborts the generation behind it.
-    """
-    end = object()
-    pending: asyncio.Future[Any] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events, end))
-            done, _ = await asyncio.wait({pending}, timeout=every)
-            if not done:
-                yield None
-                continue
-            item, pending = pending.result(), None
-            if item is end:
-                return
-            yield item
-    finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            await asyncio.wait({pending})
-        await events.aclose()  # also when the client left while an item was being sent
