@@ -50,16 +50,16 @@ NEW_TOKENS = 128
 RSS_CODE = """
 import gc, json, sys, psutil
 from pathlib import Path
-from vllm_mlx import blas
+from vllm_mlx.models.cpu import blas
 blas.configure()
 import mlx.core as mx
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.models.loader import load_model
 process = psutil.Process()
 # The modules a first load imports (mlx_lm, transformers, our loaders: ~42 MiB) are
 # code, not weights: imported before the baseline so the delta is the weights' memory.
 import mlx_lm, mlx_lm.utils, mlx_lm.tokenizer_utils, transformers
-import vllm_mlx.models.fused, vllm_mlx.models.gguf, vllm_mlx.models.qmm
+import vllm_mlx.models.cpu.swiglu, vllm_mlx.models.gguf, vllm_mlx.models.cpu.qmm
 mx.eval(mx.zeros(1)); gc.collect()
 before = process.memory_info().rss
 settings = ModelSettings(name="m", source=sys.argv[1], dtype=sys.argv[2])
@@ -72,11 +72,11 @@ print(json.dumps({"weights_rss": process.memory_info().rss - before}))
 DECODE_CODE = """
 import sys
 from pathlib import Path
-from vllm_mlx import blas
+from vllm_mlx.models.cpu import blas
 blas.configure()
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.models.loader import load_model
 settings = ModelSettings(name="m", source=sys.argv[1], dtype=sys.argv[2])
 model = load_model(settings, Path(sys.argv[3])).model

@@ -36,10 +36,10 @@ if so:  # an older build, in place of the one in the tree
     spec = importlib.util.spec_from_file_location("vllm_mlx.kernels._qmm", so)
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
     sys.modules["vllm_mlx.kernels._qmm"] = mod
-from vllm_mlx import blas
+from vllm_mlx.models.cpu import blas
 blas.configure()
 import mlx.core as mx
-from vllm_mlx.config import ModelSettings
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.models import qmm
 from vllm_mlx.models.loader import load_model
 settings = ModelSettings(name="m", source=sys.argv[1], dtype="auto")

@@ -2,7 +2,7 @@
 
     python -m tests.support.qmm_compare CACHE_DIR   # prints one JSON object
 
-Its own process so that OpenBLAS is chosen before mlx is imported (vllm_mlx.blas), as
+Its own process so that OpenBLAS is chosen before mlx is imported (vllm_mlx.models.cpu.blas), as
 in the daemon: the float32 reference path is then as the daemon runs it.
 """
 

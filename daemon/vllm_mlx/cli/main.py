@@ -76,7 +76,7 @@ def _config_source(explicit: str | None, loaded: LoadedConfig) -> Path | None:
 
 
 def _choose_blas(mode: str) -> None:
-    """Pick MLX's BLAS before anything imports mlx (see vllm_mlx.blas for why it must)."""
+    """Pick MLX's BLAS before anything imports mlx (models/cpu/blas.py says why it must)."""
     from vllm_mlx.models.cpu import blas
 
     try:

@@ -4,7 +4,7 @@ Why `auto` differs by backend (measured, see docs/benchmarks.md):
 - Metal (and CUDA): quantized matmuls are native kernels and decoding is bound by
   memory bandwidth, so fewer bytes per weight is faster. Keep what was stored.
 - CPU: MLX's quantized matmul is a plain loop that gains nothing from batching, while
-  a float32 matmul goes to BLAS. With an optimized BLAS (see vllm_mlx.blas) float32
+  a float32 matmul goes to BLAS. With an optimized BLAS (see vllm_mlx.models.cpu.blas) float32
   weights decode several times faster and scale with the batch; float16/bfloat16 have
   no BLAS path on the CPU and are slower still. So `auto` dequantizes to float32 on
   the CPU when an optimized BLAS is in use and the float32 weights fit comfortably in

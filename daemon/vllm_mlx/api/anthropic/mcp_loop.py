@@ -20,7 +20,7 @@ from litestar import Response
 from litestar.response import Stream
 
 from vllm_mlx.api.anthropic.builder import MessageBuilder
-from vllm_mlx.api.anthropic.messages import MessageGeneration, message_generation
+from vllm_mlx.api.anthropic.message_request import MessageGeneration, message_generation
 from vllm_mlx.api.anthropic.schema import InputMessage, MessagesRequest, PromptFields
 from vllm_mlx.api.anthropic.schema import Tool as AnthropicTool
 from vllm_mlx.api.pipeline import driver, mcp

@@ -13,7 +13,7 @@ from litestar import Request, Response, Router, post
 from litestar.response import Stream
 
 from vllm_mlx.api.anthropic import convert, mcp_loop
-from vllm_mlx.api.anthropic.messages import message_generation
+from vllm_mlx.api.anthropic.message_request import message_generation
 from vllm_mlx.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from vllm_mlx.api.edge.body import parse_body
 from vllm_mlx.api.error_shapes import anthropic_error_response
