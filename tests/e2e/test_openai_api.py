@@ -1,6 +1,6 @@
 """The daemon as a subprocess, driven with the official openai SDK and plain HTTP.
 
-Bodies and stream chunks are validated against ../shared/specs/openai-openapi.yaml.
+Bodies and stream chunks are validated against tests/fixtures/specs/openai-openapi.yaml.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Anthropic wire checks for tests: SSE parsing, the event protocol, the hosted spec.
 
 Events and bodies are validated with jsonschema against Anthropic's published
-OpenAPI document (../shared/specs/anthropic-hosted_spec.json, $refs resolved within
+OpenAPI document (tests/fixtures/specs/anthropic-hosted_spec.json, $refs resolved within
 it). That document predates extended thinking and does not list `ping`, so those
 two are checked against small schemas written here from the current API reference.
 """

@@ -1,14 +1,15 @@
 """Validate response bodies and stream chunks against the published OpenAPI specs.
 
-The specs live in ../shared/specs (beside the repository). OpenAPI 3.0's `nullable`
-is turned into JSON Schema's null type so jsonschema can check it.
+The specs are kept in the repository, in tests/fixtures/specs (its README.md gives
+each file's source and licence), so the tests need nothing beside the checkout.
+OpenAPI 3.0's `nullable` is turned into JSON Schema's null type so jsonschema can
+check it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,7 @@ import yaml
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-# VLLM_MLX_SPECS overrides, for checkouts that do not sit beside shared/ (worktrees).
-SPECS = Path(
-    os.environ.get("VLLM_MLX_SPECS")
-    or Path(__file__).resolve().parents[2].parent / "shared" / "specs"
-)
+SPECS = Path(__file__).resolve().parents[1] / "fixtures" / "specs"
 
 
 def _nullable_to_null(node: Any) -> Any:
