@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from litestar import Request
 
@@ -57,3 +57,23 @@ def server_state(request: Request[Any, Any, Any]) -> ServerState:
     """The daemon's state, as the app factory installed it."""
     state: ServerState = request.app.state.server
     return state
+
+
+# The settings snapshot of one request lives in its ASGI scope under this key.
+SETTINGS_KEY = "vllm_mlx.settings"
+
+
+def remember_settings(scope: Any, settings: Settings) -> None:
+    """The edge middleware's one read of the settings, kept for everything after it."""
+    cast(dict[str, Any], scope)[SETTINGS_KEY] = settings
+
+
+def request_settings(request: Request[Any, Any, Any]) -> Settings:
+    """The settings this request runs under, from start to end: read once (by the edge
+    middleware, or here when it did not run), so a hot reload never splits a request
+    across two configurations."""
+    scope = cast(dict[str, Any], request.scope)
+    settings = scope.get(SETTINGS_KEY)
+    if settings is None:
+        settings = scope[SETTINGS_KEY] = server_state(request).settings
+    return cast(Settings, settings)

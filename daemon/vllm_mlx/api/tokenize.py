@@ -20,16 +20,17 @@ from vllm_mlx.api.openai import convert
 from vllm_mlx.api.openai.schema import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
 from vllm_mlx.api.pipeline.turn import resolve_turn
-from vllm_mlx.api.state import ServerState, server_state
+from vllm_mlx.api.state import request_settings
 
 
-def _model_id(state: ServerState, model: str | None) -> str:
+def _model_id(request: Request[Any, Any, Any], model: str | None) -> str:
     """vLLM makes `model` optional: the first served model then."""
     if model is not None:
         return model
-    if not state.settings.models:
+    models = request_settings(request).models
+    if not models:
         raise bad_request("no model is served", "model")
-    return state.settings.models[0].name
+    return models[0].name
 
 
 def _chat_request(body: TokenizeRequest) -> ChatCompletionRequest:
@@ -78,8 +79,7 @@ def _prompt_tokens(tokenizer: Any, body: TokenizeRequest) -> list[int]:
 @post("/tokenize", status_code=200)
 async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, TokenizeRequest)
-    state = server_state(request)
-    turn = await resolve_turn(state, _model_id(state, body.model), "/tokenize")
+    turn = await resolve_turn(request, _model_id(request, body.model), "/tokenize")
     tokenizer = turn.tokenizer
     if body.messages is not None:
         chat = _chat_request(body)
@@ -100,8 +100,7 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
 @post("/detokenize", status_code=200)
 async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, DetokenizeRequest)
-    state = server_state(request)
-    turn = await resolve_turn(state, _model_id(state, body.model), "/detokenize")
+    turn = await resolve_turn(request, _model_id(request, body.model), "/detokenize")
     tokenizer = turn.tokenizer
     vocab_size = len(tokenizer.get_vocab())
     if any(t < 0 or t >= vocab_size for t in body.tokens):

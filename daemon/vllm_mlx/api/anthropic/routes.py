@@ -29,7 +29,7 @@ ROUTE = "/v1/messages"
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, MessagesRequest)
     state = server_state(request)
-    turn = await resolve_turn(state, body.model, ROUTE)
+    turn = await resolve_turn(request, body.model, ROUTE)
     body, loop = mcp_loop.attach(state.mcp, turn, body)  # mcp_tools (per model)
     if loop is not None:
         return await loop.respond(body)
@@ -46,7 +46,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     """Exactly the prompt tokens /v1/messages would charge for the same request."""
     body = await parse_body(request, CountTokensRequest)
     state = server_state(request)
-    turn = await resolve_turn(state, body.model, ROUTE)
+    turn = await resolve_turn(request, body.model, ROUTE)
     body, _ = mcp_loop.attach(state.mcp, turn, body)
     prompt = convert.build_prompt(body)
     tokens = await turn.off_loop(convert.prompt_tokens, turn.tokenizer, prompt)

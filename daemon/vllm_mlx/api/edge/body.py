@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from vllm_mlx.api.errors import APIError, bad_request
 from vllm_mlx.api.pipeline.offload import off_loop
-from vllm_mlx.api.state import server_state
+from vllm_mlx.api.state import request_settings
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
@@ -32,7 +32,7 @@ async def parse_body(request: Request[Any, Any, Any], model: type[RequestModel])
 
     Bad JSON is a 400 here; validation errors map to 400 in the route's handler.
     """
-    limits = server_state(request).settings.limits
+    limits = request_settings(request).limits
     raw = await request.body()
     return await off_loop(
         _validated, raw, model, limits.max_prompt_chars, limit_s=limits.prompt_timeout

@@ -24,7 +24,7 @@ from vllm_mlx.api.edge.auth import authenticate, is_api_path, protocol_of
 from vllm_mlx.api.edge.limits import RateLimiter, client_id, retry_after_header
 from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.state import ServerState, remember_settings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.fleet.leases import release_all, request_leases
 
@@ -88,6 +88,7 @@ class OpsMiddleware:
             return
         started = time.monotonic()
         settings = self.state.settings  # once per request: a reload never splits one
+        remember_settings(scope, settings)
         headers = _headers(scope)
         origin = cors.allowed_origin(headers.get("origin"), settings.server.cors_origins)
         response = _Response(send, cors.response_headers(origin) if origin else [])

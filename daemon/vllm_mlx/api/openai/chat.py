@@ -25,7 +25,7 @@ ROUTE = "/v1/chat/completions"
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, ChatCompletionRequest)
     state = server_state(request)
-    turn = await resolve_turn(state, body.model, ROUTE)
+    turn = await resolve_turn(request, body.model, ROUTE)
     convert.refuse_unsupported(body)
     # mcp_tools (per model): MCP tools join the offer; `execute` runs them here.
     body, loop = mcp_loop.attach(state.mcp, turn, body)

@@ -31,7 +31,6 @@ from vllm_mlx.api.pipeline.ids import new_id
 from vllm_mlx.api.pipeline.observe import run
 from vllm_mlx.api.pipeline.turn import Prompt, RequestPlan, Turn, resolve_turn
 from vllm_mlx.api.sse import SSE_HEADERS
-from vllm_mlx.api.state import server_state
 from vllm_mlx.engine.output import OutputEvent
 from vllm_mlx.engine.types import Finished, FinishReason, GenerationRequest, Usage
 
@@ -83,7 +82,7 @@ async def _base_request(
 @post("/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, CompletionRequest)
-    turn = await resolve_turn(server_state(request), body.model, ROUTE)
+    turn = await resolve_turn(request, body.model, ROUTE)
     convert.refuse_unsupported(body)
     count = choices.choice_count(turn, body.n, body.best_of)
     limit = turn.settings.limits.max_prompts

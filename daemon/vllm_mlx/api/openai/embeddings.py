@@ -28,7 +28,7 @@ from vllm_mlx.api.openai.embedding_schema import (
 )
 from vllm_mlx.api.pipeline.acquire import acquire, served_entry
 from vllm_mlx.api.pipeline.ids import new_id
-from vllm_mlx.api.state import ServerState, server_state
+from vllm_mlx.api.state import ServerState, request_settings, server_state
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 
@@ -198,7 +198,7 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     # Checking up to 2048 inputs (or a 10 MB array of token ids) and tokenizing them is
     # CPU work: off the event loop.
     tokens = await asyncio.to_thread(_checked_tokens, target.engine, body)
-    deadline = started + state.settings.server.timeout
+    deadline = started + request_settings(request).server.timeout
     vectors = await target.engine.embed(tokens, deadline)
     count = sum(len(ids) for ids in tokens)
     payload = _response(body, vectors, dimensions, count)

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from litestar import Request
+
 from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.pipeline.acquire import acquire, served_entry
 from vllm_mlx.api.pipeline.offload import off_loop
-from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.state import request_settings, server_state
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.engine import Engine
@@ -155,9 +157,10 @@ class RequestPlan:
     shared: SharedPrefill | None = None
 
 
-async def resolve_turn(state: ServerState, model_id: str, route: str) -> Turn:
+async def resolve_turn(request: Request[Any, Any, Any], model_id: str, route: str) -> Turn:
     """The model's engine, loaded first when needed, held until the response is over."""
-    settings = state.settings  # the one read of the settings for this request
+    state = server_state(request)
+    settings = request_settings(request)
     entry = served_entry(state, model_id)
     if entry.settings.task == "embed":
         raise bad_request(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from litestar import Request
+
 from vllm_mlx.api.pipeline import driver, structured
 from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
 from vllm_mlx.api.pipeline.driver import Run
@@ -16,15 +18,18 @@ from vllm_mlx.api.pipeline.turn import RequestPlan, resolve_turn
 from vllm_mlx.api.responses import convert, tools
 from vllm_mlx.api.responses.builder import ResponseBuilder, response_base
 from vllm_mlx.api.responses.schema import CreateResponseRequest
-from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.state import ServerState, server_state
+from vllm_mlx.config.settings import Settings
 
 ROUTE = "/v1/responses"
 
 
-def _history(state: ServerState, body: CreateResponseRequest) -> list[dict[str, Any]]:
+def _history(
+    state: ServerState, settings: Settings, body: CreateResponseRequest
+) -> list[dict[str, Any]]:
     if body.previous_response_id is None:
         return []
-    limits = state.settings.responses
+    limits = settings.responses
     stored = state.responses.get(
         body.previous_response_id, max_entries=limits.store_max_entries, ttl=limits.store_ttl
     )
@@ -34,13 +39,14 @@ def _history(state: ServerState, body: CreateResponseRequest) -> list[dict[str, 
 
 
 async def response_generation(
-    state: ServerState, body: CreateResponseRequest
+    request: Request[Any, Any, Any], body: CreateResponseRequest
 ) -> tuple[Run, ResponseBuilder]:
     """The request's one generation and the builder of its response."""
-    turn = await resolve_turn(state, body.model, ROUTE)
+    turn = await resolve_turn(request, body.model, ROUTE)
+    state = server_state(request)
     convert.check_unsupported(body)
     items = convert.input_items(body)
-    history = _history(state, body)
+    history = _history(state, turn.settings, body)
     toolset = tools.tool_set(body)
     offered = tools.offered(toolset, body.tool_choice)
     messages = convert.chat_messages([*history, *items], body.instructions, len(history))
@@ -67,7 +73,7 @@ async def response_generation(
     def keep(response: dict[str, Any]) -> None:
         if not body.stores:
             return
-        limits = state.settings.responses
+        limits = turn.settings.responses
         state.responses.put(
             response,
             items,

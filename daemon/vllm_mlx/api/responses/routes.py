@@ -20,7 +20,7 @@ from vllm_mlx.api.responses import convert
 from vllm_mlx.api.responses.response_request import response_generation
 from vllm_mlx.api.responses.schema import CreateResponseRequest
 from vllm_mlx.api.sse import SSE_HEADERS
-from vllm_mlx.api.state import ServerState, server_state
+from vllm_mlx.api.state import ServerState, request_settings, server_state
 
 MAX_LIST_LIMIT = 100
 
@@ -28,10 +28,9 @@ MAX_LIST_LIMIT = 100
 @post("/responses", status_code=200)
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await parse_body(request, CreateResponseRequest)
-    state = server_state(request)
-    run, builder = await response_generation(state, body)
+    run, builder = await response_generation(request, body)
     if body.stream:
-        interval = state.settings.engine.stream_interval
+        interval = request_settings(request).engine.stream_interval
         frames = driver.stream([run], builder, interval)
         return Stream(frames, media_type="text/event-stream", headers=SSE_HEADERS)
     return Response(await driver.complete([run], builder))
