@@ -102,7 +102,7 @@ class SharedPrefill:
         self.started = 0  # members the engine has taken
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt_tokens: list[int]
