@@ -59,8 +59,6 @@ class ForcedTools:
 
 
 def enabled(target: Target) -> bool:
-    if target.engine.loaded.forced_tokens is not None:
-        return False  # a test-only replay source forces its output: no grammar can apply
     model = model_settings_of(target)
     return model is None or model.structured_outputs != "off"
 
