@@ -18,6 +18,9 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.replay import launcher as replay_launcher
+from tests.support.replay import split_replays
+
 STARTUP_TIMEOUT_S = 120.0
 
 
@@ -101,15 +104,19 @@ def launch(
     args: list[str] | None = None,
     env: dict[str, str] | None = None,
 ) -> DaemonProcess:
-    """Write the YAML file and start `python -m vllm_mlx.cli serve --config FILE`."""
+    """Write the YAML file and start `python -m vllm_mlx.cli serve --config FILE` (through
+    tests/support/replay_daemon.py when a model has a test-only `replay:` source)."""
     port = free_port()
-    settings = deep_merge(base_config(port, cache_dir), config or {})
+    settings, replays = split_replays(deep_merge(base_config(port, cache_dir), config or {}))
     config_path = directory / f"vllm-mlx-{port}.yaml"
     config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     log_path = directory / f"daemon-{port}.log"
     process_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     process_env.pop("VLLM_MLX_CONFIG", None)
-    command = [sys.executable, "-m", "vllm_mlx.cli", "serve", "--config", str(config_path)]
+    daemon = [sys.executable, "-m", "vllm_mlx.cli"]
+    if replays:  # the fake in front of the real CLI
+        daemon, process_env = replay_launcher(replays, process_env)
+    command = [*daemon, "serve", "--config", str(config_path)]
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
             [*command, *(args or [])], stdout=log_file, stderr=subprocess.STDOUT, env=process_env

@@ -211,7 +211,6 @@ def run_follower(rank: Rank, settings: Settings) -> int:
             set(loaded.tokenizer.eos_token_ids),
             scheduler_config(engine),
             name=f"follower-{rank.rank}",
-            forced_tokens=None,  # rank 0's tokens arrive with every step
             lockstep=follower,
         )
         outcome = follow(scheduler, follower, loaded.tokenizer)

@@ -31,7 +31,6 @@ class Engine:
             self.eos_token_ids,
             config,
             name=f"engine-{loaded.name}",
-            forced_tokens=loaded.forced_tokens,
             lockstep=loaded.lockstep,
         )
         # The Hugging Face tokenizer inside mlx-lm's wrapper; llguidance reads its table.

@@ -9,7 +9,7 @@ poison the random state every later request draws from.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import mlx.core as mx
 from mlx_lm.sample_utils import (
@@ -116,22 +116,3 @@ def make_processors(params: SamplingParams, max_tokens: int) -> list[LogitsProce
         frequency_context_size=max_tokens,
     )
     return processors
-
-
-def make_forcing_processor(script: Sequence[int], end_token: int) -> LogitsProcessor:
-    """Force the output to `script`, then `end_token` (test-only `replay:` sources).
-
-    Only the logits change: the real model still runs every step, so the tokenizer,
-    batching, detokenizer, parsers and API are all exercised for real.
-    """
-    script = list(script)
-    position = 0  # one call per sampled token of this request
-
-    def force(tokens: mx.array, logits: mx.array) -> mx.array:
-        nonlocal position
-        target = script[position] if position < len(script) else end_token
-        position += 1
-        mask = mx.arange(logits.shape[-1]) == target
-        return mx.where(mask, 0.0, -1e9).astype(logits.dtype)[None]
-
-    return force

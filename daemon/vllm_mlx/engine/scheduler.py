@@ -27,7 +27,6 @@ from vllm_mlx.engine.sampling import (
     Sampler,
     guard_processor,
     guard_sampler,
-    make_forcing_processor,
     make_processors,
     make_sampler,
 )
@@ -66,7 +65,6 @@ class Scheduler:
         eos_token_ids: set[int],
         config: SchedulerConfig,
         name: str = "engine",
-        forced_tokens: tuple[int, ...] | None = None,
         vocab_size: int | None = None,
         lockstep: Lockstep | None = None,
     ) -> None:
@@ -75,7 +73,6 @@ class Scheduler:
         if lockstep is not None:
             lockstep.bind(self.fail_in_flight)
         self.vocab_size = vocab_size if vocab_size is not None else vocab_size_of(model)
-        self._forced = forced_tokens
         self.prefix_cache = make_prefix_cache(model, config.prefix_cache_bytes, config.paged_cache)
         self._eos = eos_token_ids
         self._config = config
@@ -272,8 +269,6 @@ class Scheduler:
         processors = make_processors(request.sampling, request.max_tokens)
         if request.constraint is not None:  # last: nothing may re-enable a masked token
             processors.append(request.constraint.make_processor())
-        if self._forced is not None:
-            processors.append(make_forcing_processor(self._forced, min(self._eos)))
         guarded: list[LogitsProcessor] = [guard_processor(p, fault) for p in processors]
         if request.logprobs is not None and request.logprobs_raw and guarded:
             guarded.insert(0, RawCapture())  # first, so it sees the logits unchanged

