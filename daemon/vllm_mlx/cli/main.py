@@ -21,7 +21,8 @@ from vllm_mlx.cli.serve_flags import (
     serve_overrides,
     with_embedding_model,
 )
-from vllm_mlx.config.file import CONFIG_ENV_VAR, ConfigError, LoadedConfig, load_config
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import CONFIG_ENV_VAR, LoadedConfig, load_config
 from vllm_mlx.config.sections import LoggingSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.logging import configure_logging

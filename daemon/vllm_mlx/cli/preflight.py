@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any, NoReturn
 
-from vllm_mlx.config.file import ConfigError, LoadedConfig, load_config
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import LoadedConfig, load_config
 
 
 def exit_on_config_error(exc: ConfigError) -> NoReturn:

@@ -25,8 +25,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.config.errors import ConfigError
 from vllm_mlx.config.fields import Reload
-from vllm_mlx.config.file import ConfigError
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.logging import configure_logging
 

@@ -24,7 +24,8 @@ from string import Template
 from typing import Literal, Protocol
 from xml.sax.saxutils import escape
 
-from vllm_mlx.config.file import ConfigError, load_config
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import load_config
 
 Scope = Literal["user", "system"]
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
