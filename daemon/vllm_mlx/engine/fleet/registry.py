@@ -14,6 +14,7 @@ from vllm_mlx.config.fields import Reload
 from vllm_mlx.config.model import ModelSettings, loads_at_startup
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine, LoadedEmbeddingModel
 from vllm_mlx.engine.engine import Engine
+from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token, module_bytes
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.models.loaded import LoadedModel
 
@@ -222,8 +223,6 @@ def can_serve(entry: ModelEntry) -> bool:
 
 def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> None:
     """Record what the loaded weights take (the budget counts it)."""
-    from vllm_mlx.engine.fleet.footprint import kv_bytes_per_token, module_bytes
-
     if isinstance(loaded, LoadedEmbeddingModel):
         # The BERT encoder inside the embedder holds the weights.
         entry.weights_bytes = module_bytes(getattr(loaded.embedder, "model", None))
