@@ -29,7 +29,7 @@ _fused_classes: dict[type, type] = {}
 def _fused_call(self: Any, x: mx.array) -> mx.array:
     gate, up = self.gate_proj(x), self.up_proj(x)
     if gate.dtype == mx.float32 and up.dtype == mx.float32 and gate.shape == up.shape:
-        return self.down_proj(qmm._import().swiglu(gate, up))  # type: ignore[no-any-return]
+        return self.down_proj(qmm.extension().swiglu(gate, up))  # type: ignore[no-any-return]
     return self.down_proj(swiglu(gate, up))  # type: ignore[no-any-return]
 
 
