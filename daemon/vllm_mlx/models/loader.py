@@ -13,8 +13,7 @@ import structlog
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.sections import EngineSettings
 from vllm_mlx.config.settings import Settings
-from vllm_mlx.engine.embedding_runner import LoadedEmbeddingModel
-from vllm_mlx.models.loaded import LoadedModel
+from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
 
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ import structlog
 
 from vllm_mlx.config.fields import Reload
 from vllm_mlx.config.model import ModelSettings, loads_at_startup
-from vllm_mlx.engine.embedding_runner import EmbeddingEngine, LoadedEmbeddingModel
+from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token, module_bytes
 from vllm_mlx.engine.scheduler import SchedulerConfig
-from vllm_mlx.models.loaded import LoadedModel
+from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 
 log = structlog.get_logger(__name__)
 
