@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-MODEL_STATES = ("not_loaded", "loading", "running", "failed", "stopped")
+MODEL_STATES = ("not_loaded", "loading", "running", "unloading", "failed", "stopped")
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,15 @@ class LoadState(enum.StrEnum):
     NOT_LOADED = "not_loaded"
     LOADING = "loading"
     RUNNING = "running"
+    # Detached from requests, its runner stopping and its memory being freed: it reads
+    # `not_loaded` (and its unload is counted) only once that teardown is over.
+    UNLOADING = "unloading"
     FAILED = "failed"
     STOPPED = "stopped"
 
 
-UNSETTLED = (LoadState.NOT_LOADED, LoadState.LOADING)
+# On the way in or out of memory: a request for it waits and loads it (again).
+UNSETTLED = (LoadState.NOT_LOADED, LoadState.LOADING, LoadState.UNLOADING)
 
 
 @dataclass
@@ -48,7 +52,7 @@ class ModelEntry:
     # `task: embed` models have an embedding engine instead of a generation engine.
     embedder: EmbeddingEngine | None = None
     startup: bool = True  # loaded as the daemon starts (`load: startup`)
-    # Residency (engine/residency.py): requests holding the model, when it last served,
+    # Residency (engine/fleet/residency.py): requests holding the model, when it last served,
     # and what its weights and each KV token take once loaded.
     in_flight: int = 0
     last_used: float = field(default_factory=time.monotonic)
