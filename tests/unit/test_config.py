@@ -76,7 +76,7 @@ def test_committed_schema_is_fresh() -> None:
     from vllm_mlx.config.json_schema import render_schema
 
     committed = (REPO / "schemas" / "vllm-mlx.schema.json").read_text()
-    assert committed == render_schema(), "run: python -m vllm_mlx.schema"
+    assert committed == render_schema(), "run: python -m vllm_mlx.config.json_schema"
 
 
 def test_docs_list_every_key() -> None:

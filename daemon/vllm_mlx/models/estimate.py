@@ -1,7 +1,7 @@
 """How much memory a model will take, estimated from its files before it is loaded.
 
 Used by check-config (a budget smaller than the smallest model is an error) and by the
-budget check before a load (engine/residency.py), which replaces the estimate with the
+budget check before a load (engine/fleet/residency.py), which replaces the estimate with the
 measured size once the model is in memory.
 """
 

@@ -1,6 +1,6 @@
 """Hot reload: watch the config file, diff new Settings by `x-reload`, apply what can be.
 
-A change is sorted by the marker on the field it touches (config.py): `hot` changes are
+A change is sorted by the marker on the field it touches (config/fields.py): `hot` changes are
 applied at once by swapping `ServerState.settings` (one reference assignment, so a
 request sees either the old or the new object, never a mix); `model` and `restart`
 changes are logged and listed in `ServerState.pending_changes` until a full reload

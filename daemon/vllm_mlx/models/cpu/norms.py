@@ -7,7 +7,7 @@ them 120 times (docs/benchmarks.md). The extension's `rms_norm` and `rope` are o
 each with MLX's own arithmetic (its CPU exp, sin and cos; its sequential sum), bit for bit.
 
 `nn.RMSNorm`, `nn.RoPE` and mlx_lm's `Llama3RoPE` modules are swapped by class, as
-models/fused.py does for the MLP; a load-time check on random inputs keeps MLX's path for
+swiglu.py does for the MLP; a load-time check on random inputs keeps MLX's path for
 any class whose outputs are not bit-identical on this machine. Other dtypes, ranks and
 devices fall through to MLX at call time.
 """

@@ -7,7 +7,7 @@ arithmetic vectorized, bit for bit (kernels/act_kernel.cpp), so logits do not ch
 
 Only MLP classes whose `__call__` is exactly `down_proj(swiglu(gate_proj(x), up_proj(x)))`
 (llama, qwen2/3, mistral-style and some 40 other mlx_lm models) are swapped, by class,
-like models/qmm.py does; a load-time check against the original on a random input keeps
+like qmm.py does; a load-time check against the original on a random input keeps
 any class whose outputs are not bit-identical on MLX's path.
 """
 
