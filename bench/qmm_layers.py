@@ -44,7 +44,7 @@ from vllm_mlx.models import qmm
 from vllm_mlx.models.loader import load_model
 settings = ModelSettings(name="m", source=sys.argv[1], dtype="auto")
 model = load_model(settings, Path(sys.argv[2])).model
-ext = qmm._import()
+ext = qmm.extension()
 ext.set_threads(int(sys.argv[5]))
 if sys.argv[6] != "default":
     ext.set_isa(sys.argv[6])

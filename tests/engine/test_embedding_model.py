@@ -23,7 +23,8 @@ from vllm_mlx.models.cpu import blas
 blas.configure("auto")
 
 from vllm_mlx.config.model import ModelSettings  # noqa: E402
-from vllm_mlx.engine.embedding_runner import EmbeddingEngine, EmbeddingLimits, LoadedEmbeddingModel  # noqa: E402
+from vllm_mlx.engine.embedding_runner import EmbeddingEngine  # noqa: E402
+from vllm_mlx.models.loaded import EmbeddingLimits, LoadedEmbeddingModel  # noqa: E402
 from vllm_mlx.models.loader import load_model  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "embeddings" / "reference.json"

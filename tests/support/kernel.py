@@ -9,7 +9,7 @@ def isas() -> list[str]:
     """The instruction sets this CPU can run (the kernel picks the best by default)."""
     if not qmm.status().available:
         return []
-    ext, found = qmm._import(), []
+    ext, found = qmm.extension(), []
     for name in ("avx512", "avx2", "scalar"):
         try:
             ext.set_isa(name)

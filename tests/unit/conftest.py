@@ -13,6 +13,6 @@ from vllm_mlx.models.cpu import qmm
 @pytest.fixture(params=isas())
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each instruction set of the quantized CPU extension in turn (none when unbuilt)."""
-    qmm._import().set_isa(request.param)
+    qmm.extension().set_isa(request.param)
     yield request.param
-    qmm._import().set_isa("best")
+    qmm.extension().set_isa("best")

@@ -22,7 +22,7 @@ TOL = 2e-5  # BLAS sums in another order: rounding, never more
 @pytest.fixture
 def threaded() -> Iterator[None]:
     """Two threads on any work, so the pool splits even small calls."""
-    ext = qmm._import()
+    ext = qmm.extension()
     threads, parallel_min = ext.threads(), ext.parallel_min()
     ext.set_threads(2)
     ext.set_parallel_min(0)
@@ -79,7 +79,7 @@ def test_matches_mlx_for_every_shape_and_mask(isa: str, shape: tuple[int, ...]) 
     b, hq, hkv, d, t, dv = shape
     q, k, v = qkv(b, hq, hkv, d, t, dv, seed=t)
     for mask in masks(b, hq, t):
-        got = qmm._import().sdpa_decode(q, k, v, d**-0.5, mask)
+        got = qmm.extension().sdpa_decode(q, k, v, d**-0.5, mask)
         close(got, reference(q, k, v, d**-0.5, mask))
 
 
@@ -88,7 +88,7 @@ def test_all_masked_rows_stay_finite_like_mlx(isa: str) -> None:
     q, k, v = qkv(3, 9, 3, 64, 20)
     keep = mx.array([True] * 20)[None] & mx.array([[True], [False], [True]])
     mask = keep.reshape(3, 1, 1, 20)
-    got = qmm._import().sdpa_decode(q, k, v, 0.125, mask)
+    got = qmm.extension().sdpa_decode(q, k, v, 0.125, mask)
     assert bool(mx.isfinite(got).all().item())
     close(got, reference(q, k, v, 0.125, mask))
     close(got[1], mx.repeat(v[1].mean(axis=1, keepdims=True), 3, axis=0))
@@ -104,19 +104,19 @@ def test_left_padding_mask_of_a_batch_cache(isa: str) -> None:
     keys, values = cache.update_and_fetch(k[:, :, :1], v[:, :, :1])
     assert isinstance(mask, mx.array) and not bool(mask.all().item())
     q = mx.random.normal((3, 9, 1, 64), key=mx.random.key(7))
-    got = qmm._import().sdpa_decode(q, keys, values, 0.125, mask)
+    got = qmm.extension().sdpa_decode(q, keys, values, 0.125, mask)
     close(got, reference(q, keys, values, 0.125, mask))
 
 
 def test_large_scores_and_extreme_values(isa: str) -> None:
     q, k, v = qkv(2, 4, 2, 64, 50)
     for scale in (8.0, 1e-6):
-        close(qmm._import().sdpa_decode(q, k, v, scale), reference(q, k, v, scale, None))
+        close(qmm.extension().sdpa_decode(q, k, v, scale), reference(q, k, v, scale, None))
 
 
 def test_threads_and_batch_give_each_row_the_same_bits(isa: str, threaded: None) -> None:
     """A sequence alone (one thread) and inside a batch split over threads: bit for bit."""
-    ext = qmm._import()
+    ext = qmm.extension()
     q, k, v = qkv(5, 9, 3, 64, 133)
     mask = masks(5, 9, 133)[1]
     assert mask is not None
@@ -132,11 +132,11 @@ def test_inputs_not_contiguous_in_the_last_dimension_are_read_right(isa: str) ->
     kt = mx.swapaxes(mx.swapaxes(k, 2, 3) + 0, 2, 3)  # last-dimension stride != 1
     vt = mx.swapaxes(mx.swapaxes(v, 2, 3) + 0, 2, 3)
     qt = mx.swapaxes(mx.swapaxes(q, 2, 3) + 0, 2, 3)
-    close(qmm._import().sdpa_decode(qt, kt, vt, 0.125), reference(q, k, v, 0.125, None))
+    close(qmm.extension().sdpa_decode(qt, kt, vt, 0.125), reference(q, k, v, 0.125, None))
 
 
 def test_bad_inputs_raise_value_errors() -> None:
-    ext = qmm._import()
+    ext = qmm.extension()
     q, k, v = qkv(2, 9, 3, 64, 10)
     bad = [
         ((q.astype(mx.float16), k, v), "float32"),

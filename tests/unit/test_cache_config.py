@@ -9,7 +9,8 @@ import pytest
 
 from vllm_mlx.cli.main import build_parser, main
 from vllm_mlx.cli.serve_flags import serve_overrides
-from vllm_mlx.config.file import ConfigError, load_settings
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import load_settings
 from vllm_mlx.config.sections import EngineSettings
 from vllm_mlx.engine.scheduler_state import scheduler_config
 

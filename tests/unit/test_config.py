@@ -7,13 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_mlx.config.file import (
-    CONFIG_ENV_VAR,
-    ConfigError,
-    find_config_file,
-    load_config,
-    load_settings,
-)
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import CONFIG_ENV_VAR, find_config_file, load_config, load_settings
 from vllm_mlx.config.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

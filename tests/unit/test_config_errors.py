@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from vllm_mlx.cli.main import main
-from vllm_mlx.config.file import ConfigError, ConfigIssue, load_config, load_settings
+from vllm_mlx.config.errors import ConfigError, ConfigIssue
+from vllm_mlx.config.file import load_config, load_settings
 from vllm_mlx.models.sources import builtin_path
 
 BUILTIN = "builtin:smollm2-135m-instruct"

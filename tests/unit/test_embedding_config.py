@@ -8,7 +8,8 @@ import pytest
 
 from vllm_mlx.cli.main import build_parser
 from vllm_mlx.cli.serve_flags import serve_overrides, with_embedding_model
-from vllm_mlx.config.file import ConfigError, LoadedConfig, load_config
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import LoadedConfig, load_config
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.models.embedding import (

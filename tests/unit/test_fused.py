@@ -36,11 +36,11 @@ def test_swiglu_is_bit_identical_to_mlx_lm_at_every_length(isa: str, n: int) -> 
     key = mx.random.key(n)
     gate = mx.random.normal((3, 1, n), key=key) * 8
     up = mx.random.normal((3, 1, n), key=mx.random.key(n + 1))
-    assert same_bits(qmm._import().swiglu(gate, up), swiglu(gate, up))
+    assert same_bits(qmm.extension().swiglu(gate, up), swiglu(gate, up))
 
 
 def test_swiglu_matches_on_edges_ties_and_a_dense_sweep(isa: str) -> None:
-    ext = qmm._import()
+    ext = qmm.extension()
     special = special_values()
     ones = mx.ones_like(special)
     assert same_bits(ext.swiglu(special, ones), swiglu(special, ones))
@@ -50,7 +50,7 @@ def test_swiglu_matches_on_edges_ties_and_a_dense_sweep(isa: str) -> None:
 
 
 def test_swiglu_takes_strided_inputs_and_refuses_other_dtypes() -> None:
-    ext = qmm._import()
+    ext = qmm.extension()
     gate = mx.random.normal((64, 48), key=mx.random.key(3)).T  # not row-contiguous
     up = mx.random.normal((48, 64), key=mx.random.key(4))
     assert same_bits(ext.swiglu(gate, up), swiglu(gate, up))

@@ -31,11 +31,11 @@ def test_rms_norm_is_bit_identical(shape: tuple[int, ...], scale: float) -> None
     x = mx.random.normal(shape, key=mx.random.key(len(shape))) * scale
     weight = mx.random.normal((shape[-1],), key=mx.random.key(2))
     for eps in (1e-5, 1e-6):
-        assert same(qmm._import().rms_norm(x, weight, eps), mx.fast.rms_norm(x, weight, eps))
+        assert same(qmm.extension().rms_norm(x, weight, eps), mx.fast.rms_norm(x, weight, eps))
 
 
 def test_rms_norm_reads_strided_input_and_gives_each_row_its_own_bits() -> None:
-    ext = qmm._import()
+    ext = qmm.extension()
     x = mx.random.normal((64, 6), key=mx.random.key(3)).T * 5  # not row-contiguous
     weight = mx.random.normal((64,), key=mx.random.key(4))
     batch = ext.rms_norm(x, weight, 1e-5)
@@ -54,13 +54,13 @@ def test_rope_is_bit_identical(traditional: bool, dims: int, offset: int | str) 
     # As attention calls it: (batch, heads, sequence, features), a transposed view.
     x = mx.random.normal((2, 5, 9, 64), key=mx.random.key(dims)).transpose(0, 2, 1, 3)
     off = mx.array([3, 4000]) if offset == "per-row" else offset
-    got = qmm._import().rope(x, dims, traditional, 10000.0, 1.0, fused_norms._offset(off))
+    got = qmm.extension().rope(x, dims, traditional, 10000.0, 1.0, fused_norms._offset(off))
     want = mx.fast.rope(x, dims, traditional=traditional, base=10000.0, scale=1.0, offset=off)
     assert same(got, want)
 
 
 def test_rope_with_frequencies_a_scale_and_rank_three() -> None:
-    ext = qmm._import()
+    ext = qmm.extension()
     x = mx.random.normal((2, 7, 64), key=mx.random.key(8))
     freqs = mx.random.uniform(1, 100, (32,), key=mx.random.key(9))
     offset = mx.array([1, 9])
@@ -71,7 +71,7 @@ def test_rope_with_frequencies_a_scale_and_rank_three() -> None:
 
 
 def test_bad_arguments_raise_value_errors() -> None:
-    ext = qmm._import()
+    ext = qmm.extension()
     x = mx.zeros((1, 2, 3, 8))
     zero = mx.array(0)
     with pytest.raises(ValueError, match="float32"):

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from vllm_mlx.cli.main import main
-from vllm_mlx.config.file import ConfigError, load_config
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import load_config
 from vllm_mlx.config.mcp import McpServerSettings
 from vllm_mlx.config.mcp_file import read_mcp_file
 from vllm_mlx.mcp.tools import full_name

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_mlx.config.file import ConfigError, ConfigIssue, load_settings
+from vllm_mlx.config.errors import ConfigError, ConfigIssue
+from vllm_mlx.config.file import load_settings
 from vllm_mlx.config.memory import MemorySettings
 from vllm_mlx.config.model import loads_at_startup
 from vllm_mlx.config.settings import Settings

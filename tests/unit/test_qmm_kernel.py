@@ -29,7 +29,7 @@ def threads() -> Iterator[None]:
     if not BUILT:
         yield
         return
-    ext = qmm._import()
+    ext = qmm.extension()
     parallel_min = ext.parallel_min()
     yield
     qmm.set_threads(2)
@@ -55,7 +55,7 @@ def test_matches_mlx_on_random_shapes(
 ) -> None:
     """Every instruction set the CPU has (AVX-512, AVX2, portable), threads 1 and 2."""
     qmm.set_threads(n_threads)
-    ext = qmm._import()
+    ext = qmm.extension()
     ext.set_isa(isa)
     assert ext.isa() == isa
     ext.set_parallel_min(0)  # split even these small products over the threads
@@ -79,7 +79,7 @@ def test_matches_mlx_on_random_shapes(
 @pytest.mark.parametrize("isa", isas())
 @pytest.mark.parametrize("scale_dtype", [mx.float16, mx.bfloat16])
 def test_half_precision_scales(scale_dtype: mx.Dtype, isa: str, threads: None) -> None:
-    ext = qmm._import()
+    ext = qmm.extension()
     ext.set_isa(isa)
     w = mx.random.normal((96, 256), key=mx.random.key(1))
     for rows in (1, 5, 9):
@@ -94,7 +94,7 @@ def test_half_precision_scales(scale_dtype: mx.Dtype, isa: str, threads: None) -
 @needs_kernel
 def test_instruction_sets_agree_with_each_other(threads: None) -> None:
     """The same product on every instruction set: all within float32 rounding of each other."""
-    ext = qmm._import()
+    ext = qmm.extension()
     w = mx.random.normal((200, 384), key=mx.random.key(5))
     x = mx.random.normal((11, 384), key=mx.random.key(6))
     wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
@@ -115,7 +115,7 @@ def test_instruction_sets_agree_with_each_other(threads: None) -> None:
 def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, isa: str, threads: None) -> None:
     """Batch invariance: a sequence decoded alone, beside others, or re-fed after a
     prefix-cache hit must see identical logits, or seeded sampling stops reproducing."""
-    ext = qmm._import()
+    ext = qmm.extension()
     ext.set_isa(isa)
     w = mx.random.normal((37, 256), key=mx.random.key(11))
     wq, scales, biases = mx.quantize(w, group_size=64, bits=bits)
@@ -130,7 +130,7 @@ def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, isa: str, threa
 def test_a_large_product_is_split_and_many_calls_reuse_the_pool(threads: None) -> None:
     """Above the split threshold both threads take chunks; repeated calls (the pool's
     wake-ups and sleeps) keep giving the same answer."""
-    ext = qmm._import()
+    ext = qmm.extension()
     qmm.set_threads(2)
     w = mx.random.normal((4096, 256), key=mx.random.key(9))
     wq, scales, biases = mx.quantize(w, group_size=32, bits=4)
@@ -147,7 +147,7 @@ def test_a_large_product_is_split_and_many_calls_reuse_the_pool(threads: None) -
 @needs_kernel
 def test_batched_inputs_and_the_prefill_path() -> None:
     """Leading dimensions are kept; more rows than max_rows go to dequantize + BLAS."""
-    ext = qmm._import()
+    ext = qmm.extension()
     w = mx.random.normal((80, 128), key=mx.random.key(3))
     wq, scales, biases = mx.quantize(w, group_size=32, bits=4)
     for shape in [(2, 3, 128), (1, 45, 128)]:
@@ -161,7 +161,7 @@ def test_batched_inputs_and_the_prefill_path() -> None:
 def test_strided_inputs_and_weights_are_read_as_they_lie() -> None:
     """x in any layout (the node copies a strided one) and lazy or strided weights (a
     contiguous node goes in front of those) give the row-major input's bits."""
-    ext = qmm._import()
+    ext = qmm.extension()
     w = mx.random.normal((128, 80), key=mx.random.key(5)).T  # a strided view, before quantize
     wq, scales, biases = mx.quantize(w, group_size=32, bits=4)
     x = mx.random.normal((5, 3, 128), key=mx.random.key(6)).transpose(1, 0, 2)
@@ -175,7 +175,7 @@ def test_strided_inputs_and_weights_are_read_as_they_lie() -> None:
 
 @needs_kernel
 def test_bad_arguments_raise_clear_errors() -> None:
-    ext = qmm._import()
+    ext = qmm.extension()
     wq, scales, biases = mx.quantize(mx.zeros((8, 64)), group_size=32, bits=4)
     with pytest.raises(ValueError, match="no kernel"):
         ext.quantized_matmul(mx.zeros((1, 64)), wq, scales, biases, 32, 3)

@@ -11,8 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.config.errors import ConfigError, ConfigIssue
 from vllm_mlx.config.fields import Reload
-from vllm_mlx.config.file import ConfigError, ConfigIssue
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.fleet.registry import ModelRegistry

@@ -17,7 +17,7 @@ from vllm_mlx.api.edge.middleware import ASGIApp, OpsMiddleware
 from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.models import residency_block
-from vllm_mlx.api.state import ServerState
+from vllm_mlx.api.state import ServerState, server_state
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 from vllm_mlx.engine.fleet.memory import read_memory
 from vllm_mlx.engine.fleet.registry import LoadState, ModelEntry
@@ -32,13 +32,9 @@ STATUS_WORDS = {
     LoadState.RUNNING: "running",
     LoadState.STOPPED: "stopped",
     LoadState.FAILED: "failed",
+    LoadState.UNLOADING: "unloading",  # until teardown ends, then not_loaded
 }
 NO_CACHE = {"type": "none", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
-
-
-def _state(request: Request[Any, Any, Any]) -> ServerState:
-    state: ServerState = request.app.state.server
-    return state
 
 
 @get("/health", sync_to_thread=False)
@@ -50,7 +46,7 @@ def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     error in `models`; `ready` says which are in memory now (a daemon where none can
     serve exits at startup).
     """
-    state = _state(request)
+    state = server_state(request)
     registry = state.registry
     models = [
         {
@@ -88,7 +84,7 @@ def _mcp_health(state: ServerState) -> list[dict[str, Any]]:
 @get("/metrics", sync_to_thread=False)
 def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     """Prometheus text format; 404 unless `metrics.enabled`."""
-    state = _state(request)
+    state = server_state(request)
     if not state.settings.metrics.enabled:
         error = APIError(404, "metrics are disabled (metrics.enabled: false)", "not_found")
         return Response(error_body("openai", error), status_code=404)
@@ -97,7 +93,7 @@ def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @get("/v1/status", sync_to_thread=False)
 def status(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    return status_document(_state(request))
+    return status_document(server_state(request))
 
 
 # --- /v1/status ------------------------------------------------------------------------

@@ -9,11 +9,11 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
 
 import yaml
 
 from vllm_mlx import __version__
+from vllm_mlx.cli.preflight import choose_blas, exit_on_config_error, load_or_exit
 from vllm_mlx.cli.serve_flags import (
     add_serve_flags,
     apply_served_name,
@@ -21,7 +21,8 @@ from vllm_mlx.cli.serve_flags import (
     serve_overrides,
     with_embedding_model,
 )
-from vllm_mlx.config.file import CONFIG_ENV_VAR, ConfigError, LoadedConfig, load_config
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import CONFIG_ENV_VAR, LoadedConfig, load_config
 from vllm_mlx.config.sections import LoggingSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.logging import configure_logging
@@ -52,20 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(exc: ConfigError) -> NoReturn:
-    print(f"error: invalid configuration ({len(exc.issues)} problem(s)):", file=sys.stderr)
-    for issue in exc.issues:
-        print(f"  {issue}", file=sys.stderr)
-    raise SystemExit(1) from exc
-
-
-def _load(path: str | None, overrides: dict[str, Any] | None = None) -> LoadedConfig:
-    try:
-        return load_config(path, overrides)
-    except ConfigError as exc:
-        _fail(exc)
-
-
 def _config_source(explicit: str | None, loaded: LoadedConfig) -> Path | None:
     """The config file as named, symlinks not followed: a reload reads through a link
     that now points elsewhere."""
@@ -73,17 +60,6 @@ def _config_source(explicit: str | None, loaded: LoadedConfig) -> Path | None:
     if named:
         return Path(os.path.abspath(Path(named).expanduser()))
     return loaded.path
-
-
-def _choose_blas(mode: str) -> None:
-    """Pick MLX's BLAS before anything imports mlx (models/cpu/blas.py says why it must)."""
-    from vllm_mlx.models.cpu import blas
-
-    try:
-        blas.configure(mode)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -94,9 +70,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         loaded = with_embedding_model(loaded, args.embedding_model)
     except ConfigError as exc:
-        _fail(name_flags(exc))
+        exit_on_config_error(name_flags(exc))
     source = _config_source(args.config, loaded)
-    _choose_blas(loaded.settings.engine.blas)
+    choose_blas(loaded.settings.engine.blas)
     distributed = loaded.settings.distributed.enabled
     if distributed:  # the parent runs the group; a follower rank follows; rank 0 serves
         from vllm_mlx.distributed.launcher import enter_group, leave_group
@@ -122,7 +98,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
     pid = args.pid
     if pid is None:
-        settings = _load(args.config).settings
+        settings = load_or_exit(args.config).settings
         port = args.port or settings.server.port
         try:
             pid = find_daemon_pid(settings.resolved_cache_dir(), port)
@@ -140,7 +116,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     mcp_file = args.mcp_config and os.path.abspath(Path(args.mcp_config).expanduser())
-    loaded = _load(args.path, {"mcp": {"config_file": mcp_file}} if mcp_file else None)
+    loaded = load_or_exit(args.path, {"mcp": {"config_file": mcp_file}} if mcp_file else None)
     where = str(loaded.path) if loaded.path else "built-in defaults (no config file found)"
     for warning in loaded.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -148,7 +124,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(loaded.settings.model_dump(mode="json"), sort_keys=False), end="")
     memory = loaded.settings.memory
     if memory.budget_mb is not None or memory.budget_percent is not None:
-        _choose_blas(loaded.settings.engine.blas)  # sizes depend on the dtype served
+        choose_blas(loaded.settings.engine.blas)  # sizes depend on the dtype served
         from vllm_mlx.models.estimate import budget_problem
 
         problem = budget_problem(loaded.settings)

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from vllm_mlx.cli.preflight import choose_blas, load_or_exit
 from vllm_mlx.config.settings import Settings
 
 TIMEOUT_S = 3.0
@@ -117,14 +118,12 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from vllm_mlx.cli.main import _choose_blas, _load
-
-    loaded = _load(args.config)
+    loaded = load_or_exit(args.config)
     if args.action != "list":
         return control(loaded.settings, args)
     # The BLAS decides whether float32 is worth it, as in `serve` (`path` below); it must
     # be chosen before the loader imports mlx.
-    _choose_blas(loaded.settings.engine.blas)
+    choose_blas(loaded.settings.engine.blas)
     from vllm_mlx.models.loader import ModelUnavailableError, describe_models
 
     try:

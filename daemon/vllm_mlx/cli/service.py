@@ -1,5 +1,5 @@
 """`vllm-mlx service install|uninstall|status [--user|--system]`: argument wiring and
-the install flow over service.py's managers."""
+the install flow over runtime/service.py's managers."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def setting(default: Any, reload: Reload, description: str, **kwargs: Any) -> An
 
 class LocatedError(ValueError):
     """A validator's error about a part of its value: `loc` continues the field's key
-    path (configfile.py reports it at that part's own line)."""
+    path (config/file.py reports it at that part's own line)."""
 
     def __init__(self, message: str, loc: tuple[str | int, ...]) -> None:
         super().__init__(message)

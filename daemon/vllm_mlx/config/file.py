@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_origin
 
@@ -19,39 +19,19 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
+from vllm_mlx.config.errors import (
+    ConfigError,
+    ConfigIssue,
+    KeyPath,
+    KeyPositions,
+    format_key_path,
+)
 from vllm_mlx.config.fields import LocatedError, current_file_data
+from vllm_mlx.config.mcp_file import with_mcp_file
 from vllm_mlx.config.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
 
 CONFIG_FILE_NAME = "vllm-mlx.yaml"
 CONFIG_ENV_VAR = "VLLM_MLX_CONFIG"
-
-KeyPath = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    """One problem in the configuration, located as precisely as its origin allows."""
-
-    key_path: str
-    message: str
-    origin: str  # the file path, "environment variable NAME", or "command line"
-    line: int | None = None
-    column: int | None = None
-
-    def __str__(self) -> str:
-        where = self.origin
-        if self.line is not None:
-            where += f":{self.line}:{self.column or 1}"
-        key = f" {self.key_path}:" if self.key_path else ""
-        return f"{where}:{key} {self.message}"
-
-
-@dataclass
-class ConfigError(Exception):
-    issues: list[ConfigIssue] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        return "\n".join(str(issue) for issue in self.issues)
 
 
 def platform_config_paths() -> list[Path]:
@@ -91,44 +71,6 @@ def find_config_file(explicit: str | Path | None = None) -> Path | None:
     return None
 
 
-class _Positions:
-    """Line/column of every key and list item in a YAML document (1-based)."""
-
-    def __init__(self) -> None:
-        self.marks: dict[KeyPath, tuple[int, int]] = {}
-        self.duplicates: list[tuple[KeyPath, int, int]] = []
-
-    def walk(self, node: yaml.Node, path: KeyPath) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                key = str(key_node.value)
-                child = (*path, key)
-                mark = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                if child in self.marks:
-                    self.duplicates.append((child, *mark))
-                self.marks[child] = mark
-                self.walk(value_node, child)
-        elif isinstance(node, yaml.SequenceNode):
-            for index, item in enumerate(node.value):
-                child = (*path, index)
-                self.marks[child] = (item.start_mark.line + 1, item.start_mark.column + 1)
-                self.walk(item, child)
-
-    def locate(self, path: KeyPath) -> tuple[int, int] | None:
-        """The closest located ancestor (a missing key is reported at its parent)."""
-        for end in range(len(path), 0, -1):
-            if path[:end] in self.marks:
-                return self.marks[path[:end]]
-        return None
-
-
-def format_key_path(path: Sequence[str | int]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 def _line_column(text: str, offset: int) -> tuple[int, int]:
     before = text[:offset]
     return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
@@ -151,11 +93,11 @@ def _read_text(path: Path) -> str:
         raise ConfigError([ConfigIssue("", message, origin, line, column)]) from exc
 
 
-def read_config_file(path: Path) -> tuple[dict[str, Any], _Positions]:
+def read_config_file(path: Path) -> tuple[dict[str, Any], KeyPositions]:
     """Parse the YAML file; syntax errors and a non-mapping root become ConfigErrors."""
     origin = str(path)
     text = _read_text(path)
-    positions = _Positions()
+    positions = KeyPositions()
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -213,7 +155,7 @@ def _in_mapping(data: Mapping[str, Any], path: KeyPath) -> bool:
 def _issues_from(
     exc: ValidationError,
     file_path: Path | None,
-    positions: _Positions,
+    positions: KeyPositions,
     cli: Mapping[str, Any],
 ) -> list[ConfigIssue]:
     issues = []
@@ -310,7 +252,7 @@ def load_config(
 ) -> LoadedConfig:
     """Build Settings from file, environment and CLI; raise ConfigError listing every issue."""
     path = find_config_file(config_path)
-    data, positions = read_config_file(path) if path else ({}, _Positions())
+    data, positions = read_config_file(path) if path else ({}, KeyPositions())
     cli = dict(cli_overrides or {})
     token = current_file_data.set(data)
     try:
@@ -322,8 +264,6 @@ def load_config(
     finally:
         current_file_data.reset(token)
     if settings.mcp.config_file is not None:
-        from vllm_mlx.config.mcp_file import with_mcp_file
-
         settings = with_mcp_file(settings, path.parent if path else Path.cwd())
     return LoadedConfig(settings, path, _secret_warnings(path, data))
 

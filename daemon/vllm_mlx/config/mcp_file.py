@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from vllm_mlx.config.file import ConfigError, ConfigIssue, KeyPath, _Positions, format_key_path
+from vllm_mlx.config.errors import ConfigError, ConfigIssue, KeyPath, KeyPositions, format_key_path
 from vllm_mlx.config.mcp import McpServerSettings, McpSettings
 from vllm_mlx.config.settings import Settings
 
@@ -35,7 +35,7 @@ class _File:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.positions = _Positions()
+        self.positions = KeyPositions()
 
     def issue(self, key: KeyPath, message: str) -> ConfigIssue:
         where = self.positions.locate(key) or ((1, 1) if not key else None)

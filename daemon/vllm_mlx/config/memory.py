@@ -1,7 +1,7 @@
 """The `memory` section of vllm-mlx.yaml: one budget for every model the daemon holds.
 
 Built on config_base's Section, setting and Reload, like every section. What counts
-against the budget is documented in docs/models.md and computed in engine/residency.py.
+against the budget is documented in docs/models.md and computed in engine/fleet/residency.py.
 """
 
 from __future__ import annotations

@@ -14,50 +14,16 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from vllm_mlx.engine.types import EngineUnavailableError
+from vllm_mlx.models.loaded import LoadedEmbeddingModel
 
 log = structlog.get_logger(__name__)
-
-
-class Embedder(Protocol):
-    """What the engine runs: token-id lists in, a [len(batch), dims] float32 array out."""
-
-    @property
-    def dimensions(self) -> int: ...
-
-    def embed(self, batch: Sequence[Sequence[int]]) -> Any: ...
-
-
-class Tokenizer(Protocol):
-    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
-
-
-@dataclass(frozen=True)
-class EmbeddingLimits:
-    max_batch_size: int = 32  # sequences in one forward pass
-    max_batch_tokens: int = 8192  # padded tokens (sequences x longest) in one pass
-
-
-@dataclass
-class LoadedEmbeddingModel:
-    """What an embedding model source resolves to (the embedding twin of LoadedModel)."""
-
-    name: str
-    embedder: Embedder
-    tokenizer: Tokenizer
-    max_length: int  # longest input in tokens, special tokens included
-    vocab_size: int
-    directory: str
-    pooling: str = "mean"
-    normalize: bool = True
-    limits: EmbeddingLimits = field(default_factory=EmbeddingLimits)
-    load_seconds: float = 0.0
 
 
 @dataclass

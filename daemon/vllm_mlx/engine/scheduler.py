@@ -18,7 +18,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.batch_generator import LeanBatchGenerator
-from vllm_mlx.engine.cache.prefix import make_prefix_cache
+from vllm_mlx.engine.cache.factory import make_prefix_cache
 from vllm_mlx.engine.fleet.heap import release_free_memory
 from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
 from vllm_mlx.engine.sampling import (

@@ -91,7 +91,7 @@ class SchedulerConfig:
     prefill_batch_size: int = 16
     prefill_step_size: int = 512
     prefix_cache_bytes: int = 0  # 0 = no prefix cache
-    paged_cache: bool = False  # token-block prefix cache (engine/paged_cache.py)
+    paged_cache: bool = False  # token-block prefix cache (engine/cache/paged.py)
 
 
 @dataclass

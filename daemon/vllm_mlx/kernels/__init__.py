@@ -1,1 +1,1 @@
-"""C++ sources of the optional MLX CPU extension (quantized matmul); see models/qmm.py."""
+"""C++ sources of the optional MLX CPU extension (quantized matmul); see models/cpu/qmm.py."""

@@ -1,7 +1,7 @@
 """Prefix cache metrics per model, read from each engine's cache when Prometheus scrapes.
 
 The engine thread already counts hits, misses, evictions and refusals in plain ints
-(engine/cache.py); reading them at scrape time keeps every cache operation free of
+(engine/cache/prefix.py); reading them at scrape time keeps every cache operation free of
 metrics calls. A counter starts again from 0 when its model is reloaded (a new engine
 and cache), which Prometheus' rate() and increase() treat as a counter reset.
 """

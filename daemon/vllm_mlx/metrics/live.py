@@ -1,6 +1,6 @@
 """The gauges of live state (running requests, memory, model states, a distributed
 group's ranks), read from the daemon when Prometheus scrapes rather than updated as
-events happen; metrics.py registers them."""
+events happen; core.py registers them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-MODEL_STATES = ("not_loaded", "loading", "running", "failed", "stopped")
+MODEL_STATES = ("not_loaded", "loading", "running", "unloading", "failed", "stopped")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Metrics of the models' residency: loads, unloads, evictions, load time, memory.
 
-Beside metrics.py (the request and engine metrics) on the same injected registry.
+Beside core.py (the request and engine metrics) on the same injected registry.
 """
 
 from __future__ import annotations

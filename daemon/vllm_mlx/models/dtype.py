@@ -9,7 +9,7 @@ Why `auto` differs by backend (measured, see docs/benchmarks.md):
   no BLAS path on the CPU and are slower still. So `auto` dequantizes to float32 on
   the CPU when an optimized BLAS is in use and the float32 weights fit comfortably in
   memory; otherwise it keeps the stored (smaller) format.
-- CPU with vllm-mlx's quantized kernel (models/qmm.py, built by install.sh): the stored
+- CPU with vllm-mlx's quantized kernel (models/cpu/qmm.py, built by install.sh): the stored
   4/8-bit weights are read directly with AVX2 and threads, faster than float32 + BLAS at
   a quarter of the memory, so `auto` keeps them when every quantized layer fits it.
 
@@ -43,7 +43,7 @@ class WeightInfo:
 
     quantized: bool
     float32_bytes: int  # the size of every weight as float32
-    kernel_ready: bool = False  # every quantized layer fits the CPU kernel (models/qmm.py)
+    kernel_ready: bool = False  # every quantized layer fits the CPU kernel (models/cpu/qmm.py)
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[
     if device == "cpu":  # float32 activations on either path: the extension's fused ops
         fused.swap_activations(model)
         fused_norms.swap_norms(model)
-        attention.swap_attention(model)  # decode attention in one node (models/attention.py)
+        attention.swap_attention(model)  # decode attention in one node (models/cpu/attention.py)
     return model, decision
 
 

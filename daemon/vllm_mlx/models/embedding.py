@@ -16,7 +16,7 @@ import structlog
 
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.sections import EngineSettings
-from vllm_mlx.engine.embedding_runner import EmbeddingLimits, LoadedEmbeddingModel
+from vllm_mlx.models.loaded import EmbeddingLimits, LoadedEmbeddingModel
 
 log = structlog.get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """How much memory a model will take, estimated from its files before it is loaded.
 
 Used by check-config (a budget smaller than the smallest model is an error) and by the
-budget check before a load (engine/residency.py), which replaces the estimate with the
+budget check before a load (engine/fleet/residency.py), which replaces the estimate with the
 measured size once the model is in memory.
 """
 
@@ -37,11 +37,11 @@ def estimated_bytes(model: ModelSettings, cache_dir: Path) -> int | None:
 
 
 def _local_dir(model: ModelSettings, cache_dir: Path) -> Path | None:
-    from vllm_mlx.models.loader import _cached_hub_dir, resolve_model_dir
+    from vllm_mlx.models.loader import cached_hub_dir, resolve_model_dir
 
     kind = classify_source(model.source).kind
     if kind is SourceKind.HF_REPO:
-        return _cached_hub_dir(model)
+        return cached_hub_dir(model)
     return resolve_model_dir(model, cache_dir)  # local work: a GGUF import at most
 
 

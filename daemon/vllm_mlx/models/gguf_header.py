@@ -4,7 +4,7 @@ It parses what precedes the tensor data (magic, version, metadata, tensor table)
 checks what the importer (models/gguf.py) needs of it, so a file that is not a GGUF, a
 truncated one or an unsupported architecture fails at config validation, with the
 config file's line, instead of when the weights load. Tensor data is not read.
-No mlx import here: config validation runs before the BLAS is chosen (blas.py).
+No mlx import here: config validation runs before the BLAS is chosen (models/cpu/blas.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""What a model source resolves to, and what the engine consumes: models/ produces it,
-engine/ runs it (so the import arrow runs one way, from engine to models)."""
+"""What a model source resolves to, and what the engine consumes: models/ produces these
+records (text generation and embedding), engine/ runs them (so the import arrow runs one
+way, from engine to models)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 
 @dataclass
@@ -19,3 +21,40 @@ class LoadedModel:
     load_seconds: float = 0.0
     # A model sharded over a distributed group: the scheduler's Lockstep (rank 0).
     lockstep: Any = None
+
+
+class Embedder(Protocol):
+    """What the embedding engine runs: token-id lists in, a [len(batch), dims] float32 array out."""
+
+    @property
+    def dimensions(self) -> int: ...
+
+    def embed(self, batch: Sequence[Sequence[int]]) -> Any: ...
+
+
+class EmbeddingTokenizer(Protocol):
+    """Text to token ids with the model's special tokens, no truncation or padding."""
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+
+@dataclass(frozen=True)
+class EmbeddingLimits:
+    max_batch_size: int = 32  # sequences in one forward pass
+    max_batch_tokens: int = 8192  # padded tokens (sequences x longest) in one pass
+
+
+@dataclass
+class LoadedEmbeddingModel:
+    """What an embedding model source resolves to (the embedding twin of LoadedModel)."""
+
+    name: str
+    embedder: Embedder
+    tokenizer: EmbeddingTokenizer
+    max_length: int  # longest input in tokens, special tokens included
+    vocab_size: int
+    directory: str
+    pooling: str = "mean"
+    normalize: bool = True
+    limits: EmbeddingLimits = field(default_factory=EmbeddingLimits)
+    load_seconds: float = 0.0

@@ -12,8 +12,7 @@ import structlog
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.sections import EngineSettings
 from vllm_mlx.config.settings import Settings
-from vllm_mlx.engine.embedding_runner import LoadedEmbeddingModel
-from vllm_mlx.models.loaded import LoadedModel
+from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
 
 if TYPE_CHECKING:
@@ -139,7 +138,7 @@ def describe_models(settings: Settings, resolve: bool = False) -> list[dict[str,
         kind = classify_source(model.source).kind
         directory: Path | None
         if kind is SourceKind.HF_REPO and not resolve:
-            directory = _cached_hub_dir(model)
+            directory = cached_hub_dir(model)
         else:
             directory = resolve_model_dir(model, cache_dir)
         rows.append(
@@ -168,7 +167,9 @@ def _planned_path(model: ModelSettings, directory: Path | None) -> dict[str, str
     return {"path": decision.path, "path_reason": decision.reason}
 
 
-def _cached_hub_dir(model: ModelSettings) -> Path | None:
+def cached_hub_dir(model: ModelSettings) -> Path | None:
+    """The hub model's snapshot if the Hugging Face cache holds it; None otherwise (never
+    downloads: check-config and `models` only look)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 

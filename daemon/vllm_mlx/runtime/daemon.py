@@ -33,7 +33,6 @@ from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.launcher import current_rank, group_reload
 from vllm_mlx.distributed.status import current as group_status
-from vllm_mlx.engine.embedding_runner import LoadedEmbeddingModel
 from vllm_mlx.engine.fleet.heap import keep_large_allocations_returnable
 from vllm_mlx.engine.fleet.registry import ModelEntry, ModelRegistry, Stoppable
 from vllm_mlx.engine.fleet.residency import ModelManager, loads_running
@@ -41,7 +40,7 @@ from vllm_mlx.engine.scheduler_state import scheduler_config
 from vllm_mlx.logging import configure_logging
 from vllm_mlx.metrics.models import ModelMetrics
 from vllm_mlx.models.estimate import estimated_bytes
-from vllm_mlx.models.loaded import LoadedModel
+from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 from vllm_mlx.models.loader import load_model
 from vllm_mlx.runtime.lifecycle import RequestTracker, exit_now, remove_pid_file, write_pid_file
 from vllm_mlx.runtime.reload import Change, Reloader, watch_config

@@ -1,6 +1,6 @@
 """Hot reload: watch the config file, diff new Settings by `x-reload`, apply what can be.
 
-A change is sorted by the marker on the field it touches (config.py): `hot` changes are
+A change is sorted by the marker on the field it touches (config/fields.py): `hot` changes are
 applied at once by swapping `ServerState.settings` (one reference assignment, so a
 request sees either the old or the new object, never a mix); `model` and `restart`
 changes are logged and listed in `ServerState.pending_changes` until a full reload
@@ -25,8 +25,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.config.errors import ConfigError
 from vllm_mlx.config.fields import Reload
-from vllm_mlx.config.file import ConfigError
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.logging import configure_logging
 

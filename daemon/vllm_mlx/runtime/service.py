@@ -4,7 +4,7 @@ The unit is rendered from launchd/vllm-mlx.plist.template or
 systemd/vllm-mlx.service.template with this install's paths and config. Everything
 that touches the system goes through a `ServiceManager`, whose launchctl/systemctl
 calls are plain subprocess calls made through one injected `Runner`, so rendering and
-the command sequence are tested on any platform. The command line is service_cli.py.
+the command sequence are tested on any platform. The command line is cli/service.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from string import Template
 from typing import Literal, Protocol
 from xml.sax.saxutils import escape
 
-from vllm_mlx.config.file import ConfigError, load_config
+from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.file import load_config
 
 Scope = Literal["user", "system"]
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]

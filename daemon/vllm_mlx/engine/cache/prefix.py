@@ -3,7 +3,7 @@ byte bound.
 
 Two kinds share one small interface (`lookup`, `store`, `summary`, `stats`):
 `PromptCache` keeps each finished sequence's whole KV cache (mlx-lm's LRUPromptCache does
-the trie, nearest-prefix lookup and trimming); `PagedPrefixCache` (paged_cache.py) keeps
+the trie, nearest-prefix lookup and trimming); `PagedPrefixCache` (paged.py) keeps
 fixed-size token blocks, shared between prompts. Both count the bytes of the real arrays
 they hold and evict before they insert, so `nbytes <= max_bytes` holds after every store.
 Only the engine thread calls them; other threads read the counters (plain ints).
@@ -17,10 +17,8 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
-    KVCache,
     LRUPromptCache,
     can_trim_prompt_cache,
-    make_prompt_cache,
     trim_prompt_cache,
 )
 
@@ -167,20 +165,3 @@ class PromptCache(PrefixCache):
         self._lru.trim_to(n_sequences=self.max_entries - 1, n_bytes=self.max_bytes - size)
         self.stats.evictions += before - len(self._lru)
         self._lru.insert_cache(_MODEL_KEY, list(tokens), cache)
-
-
-def pageable(model: Any) -> bool:
-    """Whether every layer keeps a plain growing KV cache, which blocks can slice.
-
-    Sliding-window (rotating), quantised and state-space caches are not position-sliceable.
-    """
-    return all(type(layer) is KVCache for layer in make_prompt_cache(model))
-
-
-def make_prefix_cache(model: Any, max_bytes: int, paged: bool) -> PrefixCache:
-    """The engine's cache: paged when asked and the model's cache can be paged."""
-    if paged and max_bytes > 0 and pageable(model):
-        from vllm_mlx.engine.cache.paged import PagedPrefixCache
-
-        return PagedPrefixCache(max_bytes)
-    return PromptCache(max_bytes)

@@ -1,17 +1,17 @@
-"""What a loaded model takes in memory: its weights, the KV cache per token, and what
-the budget (engine/residency.py) counts for it.
-
-The per-token figure is an estimate from the model's shape (two tensors per layer, K
-and V, of kv_heads * head_dim each).
+"""What a loaded model takes in memory, as the budget (engine/fleet/residency.py) counts
+it: its weights, its KV cache now, and its prefix cache's bound. The weights and per-token
+figures are measured once at load (engine/fleet/sizes.py) and kept on the ModelEntry.
 """
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
+
+from vllm_mlx.engine.fleet.heap import release_free_memory
 
 if TYPE_CHECKING:
     from vllm_mlx.config.model import ModelSettings
@@ -19,47 +19,9 @@ if TYPE_CHECKING:
     from vllm_mlx.engine.scheduler import SchedulerConfig
 
 
-def module_bytes(module: Any) -> int:
-    """Bytes held by an mlx.nn.Module's parameters (0 for anything else)."""
-    parameters = getattr(module, "parameters", None)
-    if not callable(parameters):
-        return 0
-    return sum(int(v.nbytes) for _, v in _flat(parameters()) if isinstance(v, mx.array))
-
-
-def _flat(tree: Any) -> list[tuple[str, Any]]:
-    flat = tree_flatten(tree)
-    assert isinstance(flat, list)  # tree_flatten returns a dict only when asked to
-    return flat
-
-
-def kv_bytes_per_token(model: Any) -> int:
-    args = getattr(model, "args", None)
-    layers = int(getattr(args, "num_hidden_layers", 0) or 0)
-    heads = int(getattr(args, "num_attention_heads", 0) or 0)
-    if not layers or not heads:
-        return 0
-    kv_heads = int(getattr(args, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(args, "head_dim", None) or getattr(args, "hidden_size", 0) // heads)
-    return 2 * layers * kv_heads * head_dim * _activation_itemsize(model)
-
-
-def _activation_itemsize(model: Any) -> int:
-    """The float width the model computes in: its first floating parameter's (for a
-    quantized model, the scales')."""
-    for _, value in _flat(model.parameters()):
-        if isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating):
-            return int(value.dtype.size)
-    return 4
-
-
 def free_memory() -> None:
     """Hand an unloaded model's memory back: drop the cycles that may still reference
-    its arrays, empty MLX's buffer cache, and trim the heap (engine/heap.py)."""
-    import gc
-
-    from vllm_mlx.engine.fleet.heap import release_free_memory
-
+    its arrays, empty MLX's buffer cache, and trim the heap (engine/fleet/heap.py)."""
     gc.collect()
     mx.clear_cache()
     release_free_memory()

@@ -12,10 +12,11 @@ import structlog
 
 from vllm_mlx.config.fields import Reload
 from vllm_mlx.config.model import ModelSettings, loads_at_startup
-from vllm_mlx.engine.embedding_runner import EmbeddingEngine, LoadedEmbeddingModel
+from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 from vllm_mlx.engine.engine import Engine
+from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token, module_bytes
 from vllm_mlx.engine.scheduler import SchedulerConfig
-from vllm_mlx.models.loaded import LoadedModel
+from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 
 log = structlog.get_logger(__name__)
 
@@ -30,11 +31,15 @@ class LoadState(enum.StrEnum):
     NOT_LOADED = "not_loaded"
     LOADING = "loading"
     RUNNING = "running"
+    # Detached from requests, its runner stopping and its memory being freed: it reads
+    # `not_loaded` (and its unload is counted) only once that teardown is over.
+    UNLOADING = "unloading"
     FAILED = "failed"
     STOPPED = "stopped"
 
 
-UNSETTLED = (LoadState.NOT_LOADED, LoadState.LOADING)
+# On the way in or out of memory: a request for it waits and loads it (again).
+UNSETTLED = (LoadState.NOT_LOADED, LoadState.LOADING, LoadState.UNLOADING)
 
 
 @dataclass
@@ -47,7 +52,7 @@ class ModelEntry:
     # `task: embed` models have an embedding engine instead of a generation engine.
     embedder: EmbeddingEngine | None = None
     startup: bool = True  # loaded as the daemon starts (`load: startup`)
-    # Residency (engine/residency.py): requests holding the model, when it last served,
+    # Residency (engine/fleet/residency.py): requests holding the model, when it last served,
     # and what its weights and each KV token take once loaded.
     in_flight: int = 0
     last_used: float = field(default_factory=time.monotonic)
@@ -222,8 +227,6 @@ def can_serve(entry: ModelEntry) -> bool:
 
 def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> None:
     """Record what the loaded weights take (the budget counts it)."""
-    from vllm_mlx.engine.fleet.footprint import kv_bytes_per_token, module_bytes
-
     if isinstance(loaded, LoadedEmbeddingModel):
         # The BERT encoder inside the embedder holds the weights.
         entry.weights_bytes = module_bytes(getattr(loaded.embedder, "model", None))

@@ -6,7 +6,7 @@ checked against a settled picture and two loads never overcommit it; a model alr
 running is used without touching the lock.
 
 A request holds its model from `acquire` until its HTTP response is over (the lease
-list of engine/leases.py, released by the API's ASGI layer), so a model is never
+list of engine/fleet/leases.py, released by the API's ASGI layer), so a model is never
 unloaded under a running request.
 """
 
@@ -331,18 +331,23 @@ class ModelManager:
             return True
 
     async def _unload(self, entry: ModelEntry, reason: str) -> None:
-        """Stop and free (lock held, entry idle). The entry is detached first, so a
-        request arriving meanwhile waits for the lock and loads it again."""
+        """Stop and free (lock held, entry idle). Detached first and `unloading`, so a
+        request arriving meanwhile waits for the lock and loads it again; `not_loaded`
+        and counted in one step once the teardown ends (failed or not: it is detached
+        either way), so /v1/status and /metrics never disagree about it."""
         runner, size = entry.runner, footprint(entry).total
         self._cancel_timer(entry)
         # weights_bytes stays: the next load's budget check uses it as the estimate.
-        entry.engine, entry.embedder, entry.state = None, None, LoadState.NOT_LOADED
-        if runner is not None:
-            await asyncio.to_thread(runner.stop)
-        del runner
-        await asyncio.to_thread(free_memory)
-        if self.metrics is not None:
-            self.metrics.unloaded(entry.settings.name, reason)
+        entry.engine, entry.embedder, entry.state = None, None, LoadState.UNLOADING
+        try:
+            if runner is not None:
+                await asyncio.to_thread(runner.stop)
+            del runner
+            await asyncio.to_thread(free_memory)
+        finally:
+            entry.state = LoadState.NOT_LOADED
+            if self.metrics is not None:
+                self.metrics.unloaded(entry.settings.name, reason)
         log.info("model unloaded", model=entry.settings.name, reason=reason,
                  freed_mb=round(size / MIB, 1))  # fmt: skip
 

@@ -56,7 +56,7 @@ def scaled_dot_product_attention(
         and (mask is None or isinstance(mask, mx.array))
         and _decodes(queries, keys, values, cache)
     ):
-        return qmm._import().sdpa_decode(  # type: ignore[no-any-return]
+        return qmm.extension().sdpa_decode(  # type: ignore[no-any-return]
             queries, keys, values, scale, mask
         )
     return _ORIGINAL(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
@@ -71,7 +71,7 @@ def _model_modules(model: Any) -> list[Any]:
 
 def available() -> bool:
     """The extension is built, passed its self-check and has the op (a newer build)."""
-    return qmm.status().available and hasattr(qmm._import(), "sdpa_decode")
+    return qmm.status().available and hasattr(qmm.extension(), "sdpa_decode")
 
 
 def swap_attention(model: Any) -> int:

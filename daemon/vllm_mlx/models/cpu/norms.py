@@ -7,7 +7,7 @@ them 120 times (docs/benchmarks.md). The extension's `rms_norm` and `rope` are o
 each with MLX's own arithmetic (its CPU exp, sin and cos; its sequential sum), bit for bit.
 
 `nn.RMSNorm`, `nn.RoPE` and mlx_lm's `Llama3RoPE` modules are swapped by class, as
-models/fused.py does for the MLP; a load-time check on random inputs keeps MLX's path for
+swiglu.py does for the MLP; a load-time check on random inputs keeps MLX's path for
 any class whose outputs are not bit-identical on this machine. Other dtypes, ranks and
 devices fall through to MLX at call time.
 """
@@ -33,14 +33,14 @@ class FusedRMSNorm(RMSNorm):
     def __call__(self, x: mx.array) -> mx.array:
         weight = self["weight"]
         if x.dtype == mx.float32 and weight.dtype == mx.float32:
-            return qmm._import().rms_norm(x, weight, self.eps)  # type: ignore[no-any-return]
+            return qmm.extension().rms_norm(x, weight, self.eps)  # type: ignore[no-any-return]
         return super().__call__(x)  # type: ignore[no-any-return, no-untyped-call]
 
 
 class FusedRoPE(RoPE):
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         if x.dtype == mx.float32 and x.ndim in (3, 4):
-            ext = qmm._import()
+            ext = qmm.extension()
             return ext.rope(  # type: ignore[no-any-return]
                 x, self.dims, self.traditional, self.base, self.scale, _offset(offset)
             )
@@ -50,7 +50,7 @@ class FusedRoPE(RoPE):
 class FusedLlama3RoPE(Llama3RoPE):  # type: ignore[misc]
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         if x.dtype == mx.float32 and x.ndim in (3, 4):
-            ext = qmm._import()
+            ext = qmm.extension()
             return ext.rope(  # type: ignore[no-any-return]
                 x, self.dims, self.traditional, None, 1.0, _offset(offset), self._freqs
             )

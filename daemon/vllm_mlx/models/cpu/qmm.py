@@ -52,7 +52,7 @@ def _status() -> KernelStatus:
     if mx.default_device().type != mx.DeviceType.cpu:
         return KernelStatus(False, "not needed on the GPU: MLX's own kernels are fast there")
     try:
-        ext = _import()
+        ext = extension()
     except ImportError as exc:
         return KernelStatus(False, _why_missing(exc))
     error = _self_check(ext)
@@ -64,7 +64,9 @@ def _status() -> KernelStatus:
 _MODULE = "vllm_mlx.kernels._qmm"
 
 
-def _import() -> ModuleType:
+def extension() -> ModuleType:
+    """The built extension module (raises ImportError when it is not built); the fused
+    norms, SwiGLU and attention kernels live in it too."""
     # sys.modules first: a decode step calls this ~300 times, and import_module's
     # machinery costs microseconds a call (a None entry still fails through it).
     module = sys.modules.get(_MODULE)
@@ -110,7 +112,7 @@ def eligible(module: Any) -> bool:
 
 
 def _matmul(module: Any, x: mx.array) -> mx.array:
-    ext = _import()
+    ext = extension()
     return ext.quantized_matmul(  # type: ignore[no-any-return]
         x,
         module["weight"],
@@ -190,4 +192,4 @@ def uses_kernel(model: Any) -> bool:
 
 def set_threads(n: int) -> None:
     """Threads per matmul (tests and benchmarks); the default is the CPU count."""
-    _import().set_threads(n)
+    extension().set_threads(n)

@@ -7,7 +7,7 @@ arithmetic vectorized, bit for bit (kernels/act_kernel.cpp), so logits do not ch
 
 Only MLP classes whose `__call__` is exactly `down_proj(swiglu(gate_proj(x), up_proj(x)))`
 (llama, qwen2/3, mistral-style and some 40 other mlx_lm models) are swapped, by class,
-like models/qmm.py does; a load-time check against the original on a random input keeps
+like qmm.py does; a load-time check against the original on a random input keeps
 any class whose outputs are not bit-identical on MLX's path.
 """
 
@@ -29,7 +29,7 @@ _fused_classes: dict[type, type] = {}
 def _fused_call(self: Any, x: mx.array) -> mx.array:
     gate, up = self.gate_proj(x), self.up_proj(x)
     if gate.dtype == mx.float32 and up.dtype == mx.float32 and gate.shape == up.shape:
-        return self.down_proj(qmm._import().swiglu(gate, up))  # type: ignore[no-any-return]
+        return self.down_proj(qmm.extension().swiglu(gate, up))  # type: ignore[no-any-return]
     return self.down_proj(swiglu(gate, up))  # type: ignore[no-any-return]
 
 

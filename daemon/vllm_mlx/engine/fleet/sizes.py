@@ -1,0 +1,48 @@
+"""What a loaded model's arrays take: its parameters' bytes, and its KV cache's bytes per
+token. Pure measurements of an mlx model, apart from the ModelEntry bookkeeping
+(registry.py records them at load, footprint.py adds them up for the budget).
+
+The per-token figure is an estimate from the model's shape (two tensors per layer, K
+and V, of kv_heads * head_dim each).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+
+def module_bytes(module: Any) -> int:
+    """Bytes held by an mlx.nn.Module's parameters (0 for anything else)."""
+    parameters = getattr(module, "parameters", None)
+    if not callable(parameters):
+        return 0
+    return sum(int(v.nbytes) for _, v in _flat(parameters()) if isinstance(v, mx.array))
+
+
+def _flat(tree: Any) -> list[tuple[str, Any]]:
+    flat = tree_flatten(tree)
+    assert isinstance(flat, list)  # tree_flatten returns a dict only when asked to
+    return flat
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    args = getattr(model, "args", None)
+    layers = int(getattr(args, "num_hidden_layers", 0) or 0)
+    heads = int(getattr(args, "num_attention_heads", 0) or 0)
+    if not layers or not heads:
+        return 0
+    kv_heads = int(getattr(args, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(args, "head_dim", None) or getattr(args, "hidden_size", 0) // heads)
+    return 2 * layers * kv_heads * head_dim * _activation_itemsize(model)
+
+
+def _activation_itemsize(model: Any) -> int:
+    """The float width the model computes in: its first floating parameter's (for a
+    quantized model, the scales')."""
+    for _, value in _flat(model.parameters()):
+        if isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating):
+            return int(value.dtype.size)
+    return 4
