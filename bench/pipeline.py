@@ -4,7 +4,7 @@
 
 Two daemons on the bundled model with the same settings: this checkout's and the one
 the other interpreter imports. Each round runs, for every daemon in a rotating order
-(so load drift favours neither), single-stream chat (time to first token, the request
+(so load drift favours neither) after one uncounted warm-up round, single-stream chat (time to first token, the request
 path's own cost: parse, resolve, template, tokenise, first step) and 16 concurrent
 streams (aggregate tok/s). Prints markdown: every round, then the mean ratios.
 """
@@ -31,12 +31,19 @@ CASES = ((1, 8, 32), (16, 1, 64))  # (concurrency, requests per client, new toke
 
 
 def cpu_name() -> str:
-    for line in (
-        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    ):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    """The CPU's model name, with its family and model (a VM may hide the marketing name)."""
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        return platform.processor() or platform.machine()
+    fields: dict[str, str] = {}
+    for line in info.read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    cores = sum(1 for line in info.read_text().splitlines() if line.startswith("processor"))
+    return (
+        f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, "
+        f"model {fields.get('model', '?')}), {cores} logical CPUs"
+    )
 
 
 def main() -> int:
@@ -57,7 +64,7 @@ def main() -> int:
             vllm_mlx_spec(work, model_dir, "before", python=args.baseline),
         ]
         live = [stack.enter_context(running(s, work / f"{s.label}.log")) for s in specs]
-        for round_no in range(args.rounds):
+        for round_no in range(-1, args.rounds):  # round -1 warms both up, uncounted
             order = live[round_no % 2 :] + live[: round_no % 2]
             for concurrency, per_client, new_tokens in CASES:
                 scenario = Scenario(
@@ -66,6 +73,8 @@ def main() -> int:
                 for spec in order:
                     asyncio.run(warm_up(spec.base_url, spec.model_id, scenario))
                     s = summarize(asyncio.run(run_scenario(spec.base_url, spec.model_id, scenario)))
+                    if round_no < 0:
+                        continue
                     if concurrency == 1:
                         ttft.setdefault(spec.label, []).append(s.ttft_s.p50)
                     else:
