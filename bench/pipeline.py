@@ -3,10 +3,11 @@
     python bench/pipeline.py --baseline /path/to/other/checkout/.venv/bin/python
 
 Two daemons on the bundled model with the same settings: this checkout's and the one
-the other interpreter imports. Each round runs, for every daemon in a rotating order
-(so load drift favours neither) after one uncounted warm-up round, single-stream chat (time to first token, the request
-path's own cost: parse, resolve, template, tokenise, first step) and 16 concurrent
-streams (aggregate tok/s). Prints markdown: every round, then the mean ratios.
+the other interpreter imports. After one uncounted warm-up round, each round runs, for
+every daemon in a rotating order (so load drift favours neither), single-stream chat
+(time to first token: the request path's own cost of parse, resolve, template,
+tokenise, first step) and 16 concurrent streams (aggregate tok/s). Prints markdown:
+every round, then the mean ratios.
 """
 
 from __future__ import annotations
