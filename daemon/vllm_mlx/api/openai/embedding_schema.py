@@ -7,7 +7,6 @@ from typing import Any, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field
 
 # OpenAI's own bound on inputs per request.
-MAX_INPUTS = 2048
 
 
 class EmbeddingRequest(BaseModel):
