@@ -6,14 +6,23 @@ token id against the vocabulary, every input's length against the model's maximu
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import structlog
+
 from vllm_mlx.api.errors import APIError, bad_request
 from vllm_mlx.api.pipeline.acquire import acquire, served_entry
+from vllm_mlx.api.pipeline.ids import new_id
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
+
+log = structlog.get_logger("vllm_mlx.requests")
 
 MAX_INPUTS = 2048  # OpenAI's bound on one request's inputs
 INPUT_SHAPES = "a string, an array of strings, an array of token ids or an array of token-id arrays"
@@ -136,3 +145,55 @@ def output_dimensions(target: EmbeddingTarget, wanted: int | None) -> int | None
             f"'dimensions' is {wanted}; model '{target.model_id}' has {native}", "dimensions"
         )
     return wanted
+
+
+def cut(vector: Any, dimensions: int | None) -> np.ndarray:
+    """A vector as float32, cut to `dimensions` and normalised again (Matryoshka)."""
+    out = np.asarray(vector, dtype=np.float32)
+    if dimensions is not None:
+        out = out[:dimensions]
+        out = out / max(float(np.linalg.norm(out)), 1e-12)
+    return out
+
+
+def _checked_tokens(engine: EmbeddingEngine, inputs: Any, truncate: bool) -> list[list[int]]:
+    return prepare_tokens(engine, parse_inputs(inputs), truncate)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: list[Any]
+    prompt_tokens: int
+
+
+async def embed(
+    state: ServerState,
+    settings: Settings,
+    target: EmbeddingTarget,
+    inputs: Any,
+    truncate: bool,
+    route: str,
+    started: float,
+) -> Embedded:
+    """Every input's vector (`inputs` as the body sent them: checked here), with the
+    request's metrics and its one log line.
+
+    Checking up to 2048 inputs (or a 10 MB array of token ids) and tokenizing them is
+    CPU work: off the event loop; the forward pass runs on the model's engine thread.
+    """
+    tokens = await asyncio.to_thread(_checked_tokens, target.engine, inputs, truncate)
+    vectors = await target.engine.embed(tokens, started + settings.server.timeout)
+    count = sum(len(ids) for ids in tokens)
+    seconds = time.monotonic() - started
+    state.metrics.embedding_request(target.name, len(tokens), count, seconds)
+    log.info(
+        "request",
+        request_id=new_id("embd-"),
+        route=route,
+        model=target.model_id,
+        status=200,
+        inputs=len(tokens),
+        prompt_tokens=count,
+        duration_s=round(seconds, 4),
+    )
+    return Embedded(list(vectors), count)
