@@ -1,4 +1,5 @@
-"""Load generator: N concurrent streaming chat clients against an OpenAI-compatible URL.
+"""Load generator: N concurrent streaming chat clients against an OpenAI-compatible URL
+(or Ollama's /api/chat, with `protocol="ollama"`).
 
 Closed loop: each client sends its requests back to back, so concurrency stays at N.
 Bounded: a fixed number of requests and a deadline for the whole scenario. Loopback
@@ -30,6 +31,7 @@ class Scenario:
     max_tokens: int
     deadline_s: float
     temperature: float = 0.0
+    protocol: str = "openai"  # or "ollama": POST /api/chat, NDJSON
 
 
 def check_loopback(base_url: str) -> None:
@@ -39,6 +41,13 @@ def check_loopback(base_url: str) -> None:
 
 
 def request_body(model: str, scenario: Scenario, index: int) -> dict[str, Any]:
+    if scenario.protocol == "ollama":
+        return {
+            "model": model,
+            "messages": scenario.prompt_set.messages(index),
+            "options": {"num_predict": scenario.max_tokens, "temperature": scenario.temperature},
+            "stream": True,
+        }
     return {
         "model": model,
         "messages": scenario.prompt_set.messages(index),
@@ -67,9 +76,47 @@ def apply_event(result: RequestResult, payload: dict[str, Any], now: float) -> N
             result.chunk_times.append(now)
 
 
+def apply_ollama_line(result: RequestResult, payload: dict[str, Any], now: float) -> bool:
+    """Fold one /api/chat NDJSON object into the result; True on the last one."""
+    if "error" in payload:
+        result.error = str(payload["error"])
+        return True
+    if payload.get("message", {}).get("content"):
+        if result.first_token is None:
+            result.first_token = now
+        result.chunk_times.append(now)
+    if payload.get("done"):
+        result.completion_tokens = int(payload.get("eval_count") or 0)
+        return True
+    return False
+
+
+async def stream_ollama(
+    client: httpx.AsyncClient, base_url: str, body: dict[str, Any]
+) -> RequestResult:
+    result = RequestResult(started=time.perf_counter())
+    try:
+        async with client.stream("POST", f"{base_url}/api/chat", json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:200]
+                result.error = f"HTTP {resp.status_code}: {text}"
+                return result
+            async for line in resp.aiter_lines():
+                if line.strip() and apply_ollama_line(
+                    result, json.loads(line), time.perf_counter()
+                ):
+                    break
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.finished = time.perf_counter()
+    return result
+
+
 async def stream_one(
     client: httpx.AsyncClient, base_url: str, body: dict[str, Any]
 ) -> RequestResult:
+    if "options" in body:  # request_body's Ollama shape
+        return await stream_ollama(client, base_url, body)
     result = RequestResult(started=time.perf_counter())
     try:
         async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
@@ -123,6 +170,9 @@ async def warm_up(base_url: str, model: str, scenario: Scenario) -> None:
     """One short request so first-call costs (compilation, caches) stay out of the numbers."""
     check_loopback(base_url)
     body = request_body(model, scenario, 10_000)
-    body["max_tokens"] = 4
+    if "options" in body:
+        body["options"]["num_predict"] = 4
+    else:
+        body["max_tokens"] = 4
     async with httpx.AsyncClient(timeout=scenario.deadline_s) as client:
         await stream_one(client, base_url, body)

@@ -14,6 +14,7 @@ from vllm_mlx.api.edge.boundary import route_path
 from vllm_mlx.api.error_shapes import error_response
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.mcp_routes import make_mcp_router
+from vllm_mlx.api.ollama.routes import make_ollama_router
 from vllm_mlx.api.openai.routes import make_openai_router
 from vllm_mlx.api.ops import health, install_ops, metrics, status
 from vllm_mlx.api.responses.routes import make_responses_router
@@ -29,10 +30,11 @@ def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[An
     if status == 404 and is_api_path(path):
         # e.g. /v1/audio/speech: say it is this daemon's gap, not a typo in the model.
         detail = f"{request.method} {path} is not served by this daemon."
-    if protocol_of(path, request.headers) == "anthropic":
+    protocol = protocol_of(path, request.headers)
+    if protocol != "openai":
         # e.g. GET /v1/messages: the Anthropic SDK reads only its own error shape.
         error = APIError(status, str(detail), kind="http")  # the status picks the type
-        return error_response("anthropic", error)
+        return error_response(protocol, error)
     return error_response("openai", APIError(status, str(detail), "invalid_request"))
 
 
@@ -47,6 +49,7 @@ def create_app(state: ServerState) -> Litestar:
             make_mcp_router(),
             make_tokenize_router(),
             make_responses_router(),
+            make_ollama_router(),
         ],
         state=State({"server": state}),
         exception_handlers={Exception: _plain_error},

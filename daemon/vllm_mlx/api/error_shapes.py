@@ -2,7 +2,8 @@
 exception handler every router of that protocol (and the app itself) installs.
 
 The Responses API, /tokenize and the MCP routes answer in OpenAI's shape; the Messages
-API in Anthropic's. The neutral APIError (api/errors.py) decides status, kind and code.
+API in Anthropic's; Ollama's /api/* in its own ({"error": "..."}). The neutral APIError
+(api/errors.py) decides status, kind and code.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from vllm_mlx.api.openai.schema import ErrorResponse as OpenAIErrorResponse
 
 log = structlog.get_logger("vllm_mlx.api.errors")
 
-Protocol = Literal["openai", "anthropic"]
+Protocol = Literal["openai", "anthropic", "ollama"]
 Handler = Callable[[Request[Any, Any, Any], Exception], Response[Any]]
 
 OPENAI_ERROR_TYPES = {
@@ -85,16 +86,23 @@ def anthropic_error_body(error: APIError) -> AnthropicErrorResponse:
     }
 
 
+def ollama_error_body(error: APIError) -> dict[str, Any]:
+    """Ollama's clients read one string; the field, when there is one, goes into it."""
+    return {"error": error.message}
+
+
 def error_body(protocol: Protocol, error: APIError) -> dict[str, Any]:
     """An error body in the protocol's own shape."""
     if protocol == "anthropic":
         return dict(anthropic_error_body(error))
+    if protocol == "ollama":
+        return ollama_error_body(error)
     return dict(openai_error_body(error))
 
 
 def http_error(protocol: Protocol, exc: HTTPException) -> APIError:
     """Litestar's own errors (unknown path, wrong method, bad path parameter)."""
-    if protocol == "anthropic":
+    if protocol != "openai":
         return APIError(exc.status_code, str(exc.detail), kind="http")  # type by status
     kind = "invalid_request" if exc.status_code < 500 else "server_error"
     return APIError(exc.status_code, str(exc.detail), kind)
@@ -118,3 +126,4 @@ def error_handler(protocol: Protocol) -> Handler:
 
 openai_error_response = error_handler("openai")
 anthropic_error_response = error_handler("anthropic")
+ollama_error_response = error_handler("ollama")

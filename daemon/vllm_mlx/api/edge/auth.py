@@ -15,11 +15,14 @@ from typing import Literal
 
 from vllm_mlx.api.errors import APIError
 
-Protocol = Literal["openai", "anthropic"]
+Protocol = Literal["openai", "anthropic", "ollama"]
 
 
 def protocol_of(path: str, headers: Mapping[str, str]) -> Protocol:
-    """Anthropic for /v1/messages* or when the client sends `anthropic-version`."""
+    """Ollama for /api/*; Anthropic for /v1/messages* or when the client sends
+    `anthropic-version`; OpenAI otherwise."""
+    if path == "/api" or path.startswith("/api/"):
+        return "ollama"
     if path.startswith("/v1/messages") or "anthropic-version" in headers:
         return "anthropic"
     return "openai"
@@ -30,7 +33,7 @@ _ROOT_API_PATHS = frozenset({"/tokenize", "/detokenize"})
 
 
 def is_api_path(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/") or path in _ROOT_API_PATHS
+    return path in ("/v1", "/api") or path.startswith(("/v1/", "/api/")) or path in _ROOT_API_PATHS
 
 
 def presented_keys(headers: Mapping[str, str]) -> list[str]:

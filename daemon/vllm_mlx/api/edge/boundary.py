@@ -104,7 +104,7 @@ def content_type_refusal(
 ) -> APIError | None:
     if method not in BODY_METHODS or is_json_type(headers.get("content-type")):
         return None
-    if _bodyless_control(path, headers):
+    if _bodyless_control(path, headers) or _ollama_client(path, headers):
         return None
     sent = headers.get("content-type")
     return APIError(
@@ -113,6 +113,13 @@ def content_type_refusal(
         "invalid_request",
         code="unsupported_media_type",
     )
+
+
+def _ollama_client(path: str, headers: Mapping[str, str]) -> bool:
+    """Ollama's clients and its documented `curl -d` post JSON with any content type
+    (curl sends form encoding). A page in a browser always sends `Origin` with a
+    cross-site POST, so refusing only those keeps the cross-site defence for /api/*."""
+    return (path == "/api" or path.startswith("/api/")) and "origin" not in headers
 
 
 def _bodyless_control(path: str, headers: Mapping[str, str]) -> bool:

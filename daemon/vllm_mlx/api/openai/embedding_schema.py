@@ -6,9 +6,6 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# OpenAI's own bound on inputs per request.
-MAX_INPUTS = 2048
-
 
 class EmbeddingRequest(BaseModel):
     # Fields we do not use are accepted and ignored, as on the other OpenAI routes.
@@ -16,7 +13,7 @@ class EmbeddingRequest(BaseModel):
 
     model: str
     # A string, a list of strings, a list of token ids or a list of token-id lists:
-    # checked by hand (api/openai/embeddings.py) so each error names the bad element.
+    # checked by hand (api/pipeline/embedding.py) so each error names the bad element.
     input: Any = Field(...)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
