@@ -171,6 +171,23 @@ def test_show_describes_capabilities_and_context(
     assert not {"tools", "thinking"} & set(shown.capabilities)
 
 
+def test_tags_and_show_do_not_depend_on_the_model_being_loaded(
+    client: ollama.Client, daemon: DaemonProcess
+) -> None:
+    """`spare` has the same source as `default`: unloaded, it is described the same (Ollama
+    reads a model's metadata from its files, loaded or not; clients size their context
+    from model_info before the first request)."""
+    client.generate(model="spare", prompt="", keep_alive=0)
+    wait_for(lambda: spare_state(daemon) == "not_loaded", 60, "spare to unload")
+    listed = {m["name"]: m for m in httpx.get(f"{daemon.base_url}/api/tags").json()["models"]}
+    assert listed["spare:latest"]["details"] == listed["default:latest"]["details"]
+    assert listed["spare:latest"]["size"] == listed["default:latest"]["size"] > 0
+    spare, default = client.show("spare"), client.show("default")
+    assert spare.details == default.details and spare.modelinfo == default.modelinfo
+    assert spare.template == default.template and spare.capabilities == default.capabilities
+    assert spare_state(daemon) == "not_loaded"  # asking did not load it
+
+
 def test_ps_lists_what_is_loaded(client: ollama.Client, daemon: DaemonProcess) -> None:
     client.chat(model="default", messages=ASK, options={"num_predict": 1})
     raw = httpx.get(f"{daemon.base_url}/api/ps", timeout=30)
@@ -763,20 +780,29 @@ def test_think_returns_the_thinking_apart(client: ollama.Client) -> None:
     assert generated.response.startswith("Let me check.")
 
 
-def test_think_or_tools_on_a_model_without_the_parser_is_400(client: ollama.Client) -> None:
-    """Ollama refuses what a model's capabilities (/api/show) lack: `think` on a model
-    that cannot think, tools on one that cannot call them ("does not support ...")."""
+def test_think_on_a_model_without_a_reasoning_parser_is_400(client: ollama.Client) -> None:
+    """Ollama refuses `think` for a model that cannot think ("does not support thinking")."""
     for call in (
         lambda: client.chat(model="default", messages=ASK, think=True),
+        lambda: client.chat(model="default", messages=ASK, think="high"),
         lambda: client.generate(model="default", prompt=STORY, think=True),
-        lambda: client.chat(model="default", messages=ASK, tools=TOOLS),
     ):
         with pytest.raises(ollama.ResponseError) as caught:
             call()
         assert caught.value.status_code == 400
-    # Turning thinking off is no capability: always fine.
+    # Turning thinking off asks for no capability: always fine.
     reply = client.chat(model="default", messages=ASK, think=False, options={"num_predict": 1})
     assert reply.eval_count == 1 and not reply.message.thinking
+
+
+def test_tools_on_a_model_without_a_tool_parser_are_400(client: ollama.Client) -> None:
+    """Ollama refuses tools for a model whose capabilities (/api/show) lack "tools"
+    ("does not support tools"), as it refuses `think` without "thinking": the client
+    learns it at once instead of getting the calls back as text."""
+    assert "tools" not in (client.show("default").capabilities or [])
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="default", messages=ASK, tools=TOOLS)
+    assert caught.value.status_code == 400
 
 
 # --- embeddings --------------------------------------------------------------------------
@@ -864,6 +890,39 @@ def test_model_management_is_refused_in_ollama_shape(
         check_error(response)
     names = {base_name(m.model or "") for m in client.list().models}
     assert "default" in names and "default-copy" not in names and "mario" not in names
+
+
+def test_pulling_a_configured_model_loads_it(client: ollama.Client, daemon: DaemonProcess) -> None:
+    client.generate(model="spare", prompt="", keep_alive=0)
+    wait_for(lambda: spare_state(daemon) == "not_loaded", 60, "spare to unload")
+    assert client.pull("spare").status == "success"
+    assert spare_state(daemon) == "running" and spare_in_ps(client)
+    progress = list(client.pull("spare:latest", stream=True))
+    assert progress and progress[-1].status == "success"
+
+
+# --- content types: Ollama's clients and curl -d --------------------------------------
+
+
+def test_json_with_any_content_type_from_a_non_browser_client(daemon: DaemonProcess) -> None:
+    """Ollama's reference posts with `curl -d`, which says form encoding."""
+    body = json.dumps({"model": "default", "prompt": "Hi", "stream": False,
+                       "options": {"num_predict": 1}}).encode()  # fmt: skip
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {"content-type": content_type} if content_type else {}
+        response = httpx.post(
+            f"{daemon.base_url}/api/generate", content=body, headers=headers, timeout=60
+        )
+        assert response.status_code == 200, (content_type, response.text)
+        assert response.json()["eval_count"] == 1
+    # A page in a browser sends Origin: without JSON (a CORS preflight), it is refused.
+    refused = httpx.post(
+        f"{daemon.base_url}/api/generate",
+        content=body,
+        headers={"content-type": "text/plain", "origin": "https://page.example"},
+        timeout=60,
+    )
+    check_error(refused, 415)
 
 
 # --- concurrency -------------------------------------------------------------------------
