@@ -1,0 +1,189 @@
+"""API keys, rate limits, body limits and the server timeout on Ollama's /api/* routes,
+with the official ollama client and plain HTTP: every refusal in Ollama's shape
+({"error": "..."}), and a failure after a stream started as its last NDJSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+
+from tests.conftest import DaemonProcess, running
+from tests.support.ollama import check_error, ndjson
+
+KEY = "sk-ollama-test"
+ASK = [{"role": "user", "content": "Hi"}]
+# Every /api route: method, path, a valid body.
+ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("POST", "/api/chat", {"model": "default", "messages": ASK, "stream": False}),
+    ("POST", "/api/generate", {"model": "default", "prompt": "Hi", "stream": False}),
+    ("POST", "/api/embed", {"model": "default", "input": "Hi"}),
+    ("POST", "/api/embeddings", {"model": "default", "prompt": "Hi"}),
+    ("POST", "/api/show", {"model": "default"}),
+    ("POST", "/api/pull", {"model": "default", "stream": False}),
+    ("POST", "/api/push", {"model": "default"}),
+    ("POST", "/api/create", {"model": "x", "from": "default"}),
+    ("POST", "/api/copy", {"source": "default", "destination": "x"}),
+    ("DELETE", "/api/delete", {"model": "default"}),
+    ("GET", "/api/tags", None),
+    ("GET", "/api/ps", None),
+    ("GET", "/api/version", None),
+]
+
+
+# --- API keys ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
+) -> Iterator[DaemonProcess]:
+    config = {"auth": {"api_keys": [KEY]}}
+    with running(tmp_path_factory.mktemp("ollama-keys"), model_cache_dir, config) as process:
+        yield process
+
+
+def send(
+    daemon: DaemonProcess, method: str, path: str, body: Any, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    content = None if body is None else json.dumps(body).encode()
+    return httpx.request(
+        method,
+        f"{daemon.base_url}{path}",
+        content=content,
+        headers={"content-type": "application/json", **(headers or {})},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[p for _, p, _ in ROUTES])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}],
+    ids=["none", "wrong", "not-bearer"],
+)
+def test_every_api_route_refuses_a_missing_or_wrong_key(
+    keyed: DaemonProcess, method: str, path: str, body: Any, headers: dict[str, str]
+) -> None:
+    message = check_error(send(keyed, method, path, body, headers), 401)
+    assert "key" in message.lower(), message
+
+
+def test_the_key_as_a_bearer_header_or_ollama_api_key(
+    keyed: DaemonProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ollama.ResponseError) as caught:
+        ollama.Client(host=keyed.base_url, timeout=60).list()
+    assert caught.value.status_code == 401
+    with_header = ollama.Client(
+        host=keyed.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120
+    )
+    reply = with_header.chat(model="default", messages=ASK, options={"num_predict": 2})
+    assert reply.eval_count == 2
+    parts = list(
+        with_header.chat(model="default", messages=ASK, options={"num_predict": 2}, stream=True)
+    )
+    assert parts[-1].done and parts[-1].eval_count == 2
+    monkeypatch.setenv("OLLAMA_API_KEY", KEY)  # the client's own way to send a key
+    from_env = ollama.Client(host=keyed.base_url, timeout=60)
+    assert "default:latest" in [m.model for m in from_env.list().models]
+
+
+def test_the_root_probe_stays_open(keyed: DaemonProcess) -> None:
+    """Apps look for an Ollama server with GET /, before they know of any key (like
+    /health, it says nothing but that the server runs)."""
+    response = httpx.get(keyed.base_url + "/", timeout=30)
+    assert response.status_code == 200 and response.text == "Ollama is running"
+
+
+# --- rate limits, body limits, the server timeout ----------------------------------------
+
+KEYS = [f"key-{n}" for n in range(8)]
+PER_MINUTE = 3
+BODY_MB = 1
+MAX_CHARS = 50_000
+TIMEOUT_S = 2.0
+LONG = "The sea is calm tonight, the tide is full. " * 600  # thousands of tokens
+
+
+@pytest.fixture(scope="module")
+def limited(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
+) -> Iterator[DaemonProcess]:
+    """`long` is the bundled model replayed into a reply of thousands of tokens: at any
+    speed it outlasts the server timeout, and its first tokens come long before it."""
+    directory = tmp_path_factory.mktemp("ollama-limits")
+    script = directory / "long.json"
+    script.write_text(json.dumps({"base": "builtin:smollm2-135m-instruct", "text": LONG}))
+    config = {
+        "models": [{"name": "long", "source": f"replay:{script}", "aliases": ["default"]}],
+        "auth": {"api_keys": KEYS, "rate_limit": PER_MINUTE},
+        "limits": {"max_body_mb": BODY_MB, "max_prompt_chars": MAX_CHARS},
+        "defaults": {"max_tokens": 8000},
+        "server": {"timeout": TIMEOUT_S},
+    }
+    with running(directory, model_cache_dir, config) as process:
+        yield process
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_over_the_rate_limit_is_a_429_with_retry_after(limited: DaemonProcess) -> None:
+    for _ in range(PER_MINUTE):
+        assert send(limited, "GET", "/api/tags", None, bearer(KEYS[0])).status_code == 200
+    refused = send(limited, "GET", "/api/tags", None, bearer(KEYS[0]))
+    check_error(refused, 429)
+    assert int(refused.headers["retry-after"]) >= 1
+    client = ollama.Client(host=limited.base_url, headers=bearer(KEYS[0]), timeout=60)
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="default", messages=ASK)
+    assert caught.value.status_code == 429
+    # Per client: another key is not held back.
+    assert send(limited, "GET", "/api/version", None, bearer(KEYS[1])).status_code == 200
+
+
+def test_a_body_over_the_limit_is_a_413(limited: DaemonProcess) -> None:
+    text = "a" * (BODY_MB * 1024 * 1024 + 10)
+    body = {"model": "default", "messages": [{"role": "user", "content": text}]}
+    message = check_error(send(limited, "POST", "/api/chat", body, bearer(KEYS[2])), 413)
+    assert "max_body_mb" in message, message
+
+
+def test_text_over_max_prompt_chars_is_a_413(limited: DaemonProcess) -> None:
+    body = {"model": "default", "prompt": "a" * (MAX_CHARS + 1), "stream": False}
+    message = check_error(send(limited, "POST", "/api/generate", body, bearer(KEYS[3])), 413)
+    assert "max_prompt_chars" in message, message
+
+
+def test_a_timeout_before_the_reply_is_an_error_body(limited: DaemonProcess) -> None:
+    body = {"model": "long", "messages": ASK, "stream": False}
+    check_error(send(limited, "POST", "/api/chat", body, bearer(KEYS[4])), 504)
+
+
+def test_a_timeout_mid_stream_is_a_last_object_with_error(limited: DaemonProcess) -> None:
+    body = {"model": "long", "messages": ASK}
+    response = send(limited, "POST", "/api/chat", body, bearer(KEYS[5]))
+    assert response.status_code == 200  # the stream had started
+    objects = ndjson(response)
+    *parts, last = objects
+    assert parts and all(p["done"] is False and p["message"]["content"] for p in parts)
+    assert set(last) == {"error"} and isinstance(last["error"], str) and last["error"], last
+    assert "".join(p["message"]["content"] for p in parts) in LONG
+
+
+def test_the_client_raises_the_mid_stream_error(limited: DaemonProcess) -> None:
+    client = ollama.Client(host=limited.base_url, headers=bearer(KEYS[6]), timeout=120)
+    received: list[Any] = []
+    with pytest.raises(ollama.ResponseError) as caught:
+        for part in client.generate(model="long", prompt="Hi", stream=True):
+            received.append(part)
+    assert received and not any(p.done for p in received)
+    assert caught.value.error
