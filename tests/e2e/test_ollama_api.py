@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tests.conftest import DaemonProcess
 from tests.e2e.conftest import OLLAMA_EMBED as EMBED
-from tests.e2e.ops_support import status, wait_for
+from tests.e2e.ops_support import Samples, scrape, status, value, wait_for
 from tests.support.ollama import (
     check_chat_stream,
     check_error,
@@ -621,6 +621,26 @@ def test_keep_alive_durations_are_accepted(client: ollama.Client, keep_alive: An
     assert reply.eval_count == 1
 
 
+@pytest.mark.parametrize("keep_alive", ["1h30m", "2h45m30s", "1m30.5s", "1.5h", "300ms"])
+def test_keep_alive_takes_go_durations(client: ollama.Client, keep_alive: str) -> None:
+    """Ollama parses keep_alive with Go's time.ParseDuration: units may be combined."""
+    loaded = client.generate(model="spare", prompt="", keep_alive=keep_alive)
+    assert loaded.done_reason == "load"
+
+
+def test_keep_alive_zero_unloads_the_embedding_model(
+    client: ollama.Client, daemon: DaemonProcess
+) -> None:
+    def state() -> str:
+        return next(b["state"] for b in status(daemon)["models"] if b["model"] == EMBED)
+
+    assert len(client.embed(model=EMBED, input="Hi").embeddings) == 1
+    assert state() == "running"
+    assert len(client.embed(model=EMBED, input="Hi", keep_alive=0).embeddings) == 1
+    wait_for(lambda: state() == "not_loaded", 60, "the embedding model to unload")
+    assert len(client.embed(model=EMBED, input="Hi").embeddings) == 1  # loads again
+
+
 def test_keep_alive_sets_when_ps_says_the_model_expires(client: ollama.Client) -> None:
     client.chat(model="spare", messages=ASK, options={"num_predict": 1}, keep_alive="1h")
     entry = next(m for m in client.ps().models if base_name(m.model or "") == "spare")
@@ -923,6 +943,33 @@ def test_json_with_any_content_type_from_a_non_browser_client(daemon: DaemonProc
         timeout=60,
     )
     check_error(refused, 415)
+
+
+# --- metrics ---------------------------------------------------------------------------
+
+
+def test_api_requests_are_counted_like_every_other(
+    client: ollama.Client, daemon: DaemonProcess
+) -> None:
+    model = {"model_name": CHAT_MODEL}
+    before = scrape(daemon)
+    parts = list(client.chat(model="default", messages=ASK, options=GREEDY, stream=True))
+    final = parts[-1]
+    route = {"route": "/api/chat", "method": "POST", "status": "2xx"}
+
+    def counted() -> Samples | None:
+        after = scrape(daemon)
+        done = value(after, "vllm_mlx_http_requests_total", **route)
+        return after if done == value(before, "vllm_mlx_http_requests_total", **route) + 1 else None
+
+    after = wait_for(counted, 30, "the /api/chat request to be counted")
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("vllm:generation_tokens_total", **model) == final.eval_count
+    assert delta("vllm:prompt_tokens_total", **model) == final.prompt_eval_count
+    assert delta("vllm:request_success_total", finished_reason="length", **model) == 1
 
 
 # --- concurrency -------------------------------------------------------------------------

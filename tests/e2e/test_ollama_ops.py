@@ -15,6 +15,7 @@ import ollama
 import pytest
 
 from tests.conftest import DaemonProcess, running
+from tests.e2e.ops_support import live_ids, logged_statuses, open_raw_request, status, wait_for
 from tests.support.ollama import check_error, ndjson
 
 KEY = "sk-ollama-test"
@@ -40,12 +41,35 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
 # --- API keys ----------------------------------------------------------------------------
 
 
+LONG = "The sea is calm tonight, the tide is full. " * 600  # thousands of tokens
+
+
+def long_model(directory: Path) -> dict[str, Any]:
+    """The bundled model replayed into a reply of thousands of tokens: at any speed it
+    outlasts a short server timeout, and its first tokens come long before it."""
+    script = directory / "long.json"
+    script.write_text(json.dumps({"base": "builtin:smollm2-135m-instruct", "text": LONG}))
+    return {"name": "long", "source": f"replay:{script}"}
+
+
 @pytest.fixture(scope="module")
 def keyed(
     tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
 ) -> Iterator[DaemonProcess]:
-    config = {"auth": {"api_keys": [KEY]}}
-    with running(tmp_path_factory.mktemp("ollama-keys"), model_cache_dir, config) as process:
+    directory = tmp_path_factory.mktemp("ollama-keys")
+    config = {
+        "models": [
+            {
+                "name": "smollm2-135m-instruct",
+                "source": "builtin:smollm2-135m-instruct",
+                "aliases": ["default"],
+            },
+            long_model(directory),
+        ],
+        "auth": {"api_keys": [KEY]},
+        "defaults": {"max_tokens": 8000},
+    }
+    with running(directory, model_cache_dir, config) as process:
         yield process
 
 
@@ -95,6 +119,35 @@ def test_the_key_as_a_bearer_header_or_ollama_api_key(
     assert "default:latest" in [m.model for m in from_env.list().models]
 
 
+def test_leaving_a_stream_aborts_its_generation(keyed: DaemonProcess) -> None:
+    """A client that goes away mid-stream (ollama-js's abort(), a closed app) frees the
+    batch slot at once: the generation of thousands of tokens does not run on."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "long", "messages": ASK}
+    sock = open_raw_request(keyed, "/api/chat", body, headers)
+    try:
+        received = b""
+        while b'"done":false' not in received:  # the first object is out
+            chunk = sock.recv(4096)
+            assert chunk, received
+            received += chunk
+        running = wait_for(
+            lambda: live_ids(status(keyed, headers), "generation"), 60, "the request to run"
+        )
+    finally:
+        sock.close()
+    [request_id] = running
+    wait_for(
+        lambda: (d := status(keyed, headers))["num_running"] == 0 and not d["requests"],
+        60,
+        "the slot to be free",
+    )
+    statuses = wait_for(
+        lambda: (s := logged_statuses(keyed)).get(request_id) and s, 30, "the log line"
+    )
+    assert statuses[request_id] == 499
+
+
 def test_the_root_probe_stays_open(keyed: DaemonProcess) -> None:
     """Apps look for an Ollama server with GET /, before they know of any key (like
     /health, it says nothing but that the server runs)."""
@@ -109,20 +162,15 @@ PER_MINUTE = 3
 BODY_MB = 1
 MAX_CHARS = 50_000
 TIMEOUT_S = 2.0
-LONG = "The sea is calm tonight, the tide is full. " * 600  # thousands of tokens
 
 
 @pytest.fixture(scope="module")
 def limited(
     tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
 ) -> Iterator[DaemonProcess]:
-    """`long` is the bundled model replayed into a reply of thousands of tokens: at any
-    speed it outlasts the server timeout, and its first tokens come long before it."""
     directory = tmp_path_factory.mktemp("ollama-limits")
-    script = directory / "long.json"
-    script.write_text(json.dumps({"base": "builtin:smollm2-135m-instruct", "text": LONG}))
     config = {
-        "models": [{"name": "long", "source": f"replay:{script}", "aliases": ["default"]}],
+        "models": [{**long_model(directory), "aliases": ["default"]}],
         "auth": {"api_keys": KEYS, "rate_limit": PER_MINUTE},
         "limits": {"max_body_mb": BODY_MB, "max_prompt_chars": MAX_CHARS},
         "defaults": {"max_tokens": 8000},
