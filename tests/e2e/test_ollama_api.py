@@ -344,7 +344,14 @@ BAD_OTHER: list[tuple[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("path", "body"), BAD_OTHER)
+@pytest.mark.parametrize(
+    ("path", "body"),
+    BAD_OTHER,
+    ids=[
+        f"{path}:{body if isinstance(body, bytes) else json.dumps(body)}"
+        for path, body in BAD_OTHER
+    ],
+)
 def test_bad_requests_to_other_routes_are_400(daemon: DaemonProcess, path: str, body: Any) -> None:
     check_error(post(daemon, path, body), 400)
 
