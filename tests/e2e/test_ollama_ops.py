@@ -148,10 +148,12 @@ def test_leaving_a_stream_aborts_its_generation(keyed: DaemonProcess) -> None:
     assert statuses[request_id] == 499
 
 
-def test_the_root_probe_stays_open(keyed: DaemonProcess) -> None:
-    """Apps look for an Ollama server with GET /, before they know of any key (like
-    /health, it says nothing but that the server runs)."""
-    response = httpx.get(keyed.base_url + "/", timeout=30)
+def test_the_root_probe_needs_the_key_like_every_other_path(keyed: DaemonProcess) -> None:
+    """Deny by default: with keys set, only /health is open, so GET / needs one too
+    (an app configured with the key gets "Ollama is running")."""
+    assert httpx.get(keyed.base_url + "/", timeout=30).status_code == 401
+    headers = {"Authorization": f"Bearer {KEY}"}
+    response = httpx.get(keyed.base_url + "/", headers=headers, timeout=30)
     assert response.status_code == 200 and response.text == "Ollama is running"
 
 

@@ -159,6 +159,13 @@ def template_tools(tools: list[ToolDefinition] | None) -> list[dict[str, Any]] |
     return [tool.model_dump(exclude_none=True) for tool in tools]
 
 
+def check_tools(turn: Turn, tools: list[ToolDefinition] | None) -> None:
+    """Tools on a model that cannot parse calls: a 400, as Ollama answers."""
+    model = turn.model
+    if tools and not (model and model.enable_auto_tool_choice and model.tool_call_parser):
+        raise bad_request(f'"{turn.model_id}" does not support tools', "tools")
+
+
 def tool_specs(tools: list[ToolDefinition] | None) -> list[ToolSpec] | None:
     if not tools:
         return None

@@ -31,6 +31,7 @@ def _raw_tokens(tokenizer: object, text: str) -> list[int]:
 async def _prompt(turn: Turn, body: Body) -> tuple[Prompt, list[ToolSpec] | None]:
     kwargs = convert.template_kwargs(turn, body.think)
     if isinstance(body, ChatRequest):
+        convert.check_tools(turn, body.tools)
         messages = convert.template_messages(body)
         tools = convert.template_tools(body.tools)
         prompt = await turn.prompt(render_chat, turn.tokenizer, messages, tools, kwargs)

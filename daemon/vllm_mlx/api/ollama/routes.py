@@ -8,6 +8,7 @@ configured model loads it, the others say how to change the config. docs/ollama.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -75,6 +76,7 @@ async def _generate(
     request: Request[Any, Any, Any], body: ChatRequest | GenerateRequest, kind: Kind
 ) -> Response[Any]:
     started = time.monotonic_ns()
+    _seconds(body.keep_alive)  # checked; a per-request keep_alive is not applied yet
     turn = await _turn(request, body.model, f"/api/{kind}")
     load_ns = time.monotonic_ns() - started
     generation = await ollama_generation(turn, body, kind, started, load_ns)
@@ -130,22 +132,25 @@ async def _load_or_unload(
     return _one({**event, "done": True, "done_reason": reason}, streaming)
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
 def _seconds(keep_alive: float | str | None) -> float | None:
-    """keep_alive as seconds (None: not given): a number, or a duration like "5m"."""
+    """keep_alive as seconds (None: not given): a number, or a Go duration ("1h30m")."""
     if keep_alive is None or isinstance(keep_alive, int | float):
         return None if keep_alive is None else float(keep_alive)
     text = keep_alive.strip()
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    for unit in ("ms", "s", "m", "h"):
-        if text.endswith(unit):
-            try:
-                return float(text[: -len(unit)]) * units[unit]
-            except ValueError:
-                break
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
     try:
-        return float(text)
+        return sign * float(body)  # a bare number of seconds
     except ValueError:
-        raise bad_request(f"keep_alive {keep_alive!r} is not a duration", "keep_alive") from None
+        pass
+    parts = _DURATION.findall(body)
+    if not body or "".join(n + u for n, u in parts) != body:
+        raise bad_request(f"keep_alive {keep_alive!r} is not a duration", "keep_alive")
+    return sign * sum(float(n) * _UNITS[u] for n, u in parts)
 
 
 # --- embeddings ------------------------------------------------------------------------

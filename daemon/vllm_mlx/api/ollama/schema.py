@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 ThinkLevel = Literal["low", "medium", "high", "max"]
 
@@ -72,7 +72,7 @@ class _Generation(_Request):
     model: str = Field(min_length=1)
     format: Literal["json"] | dict[str, Any] | None = Field(None, union_mode="left_to_right")
     options: Options | None = None
-    stream: bool = True  # Ollama streams unless told not to
+    stream: StrictBool = True  # Ollama streams unless told not to (Go: no coercion)
     think: bool | ThinkLevel | None = Field(None, union_mode="left_to_right")
     keep_alive: float | str | None = Field(None, union_mode="left_to_right")
     images: list[str] | None = None
@@ -89,14 +89,14 @@ class GenerateRequest(_Generation):
     suffix: str | None = None
     system: str | None = None
     template: str | None = None
-    raw: bool = False
+    raw: StrictBool = False
     context: list[int] | None = None  # deprecated by Ollama: accepted and ignored
 
 
 class EmbedRequest(_Request):
     model: str = Field(min_length=1)
     input: str | list[str]
-    truncate: bool = True
+    truncate: StrictBool = True
     dimensions: int | None = Field(None, ge=1)
     keep_alive: float | str | None = Field(None, union_mode="left_to_right")
     options: Options | None = None
@@ -117,7 +117,7 @@ class ModelRequest(_Request):
     model: str | None = None
     name: str | None = None  # older clients send `name`
     verbose: bool = False
-    stream: bool = True  # /api/pull streams its progress unless told not to
+    stream: StrictBool = True  # /api/pull streams its progress unless told not to
 
     def model_name(self) -> str:
         name = self.model or self.name
