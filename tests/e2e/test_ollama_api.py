@@ -60,15 +60,6 @@ WEATHER_ASK = [{"role": "user", "content": QUESTION}]
 
 
 # Known gaps of the adapter (docs/ollama.md), strict: each fails loudly once it is fixed.
-REQUEST_KEEP_ALIVE = pytest.mark.xfail(
-    reason="a per-request keep_alive is not applied to generating requests yet", strict=True
-)
-UNLOADED_DETAILS = pytest.mark.xfail(
-    reason="a model not loaded yet is listed without details (read from the loaded model)",
-    strict=True,
-)
-
-
 @pytest.fixture(scope="module")
 def daemon(ollama_daemon: DaemonProcess) -> DaemonProcess:
     return ollama_daemon
@@ -135,7 +126,6 @@ def test_version(daemon: DaemonProcess) -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+([-+.].*)?", body["version"]), body
 
 
-@UNLOADED_DETAILS
 def test_tags_list_every_model_and_alias_with_a_tag(
     client: ollama.Client, daemon: DaemonProcess
 ) -> None:
@@ -182,7 +172,6 @@ def test_show_describes_capabilities_and_context(
     assert not {"tools", "thinking"} & set(shown.capabilities)
 
 
-@UNLOADED_DETAILS
 def test_tags_and_show_do_not_depend_on_the_model_being_loaded(
     client: ollama.Client, daemon: DaemonProcess
 ) -> None:
@@ -585,7 +574,6 @@ def wait_unloaded(client: ollama.Client, daemon: DaemonProcess) -> None:
     assert not spare_in_ps(client)
 
 
-@REQUEST_KEEP_ALIVE
 def test_keep_alive_zero_unloads_the_model_after_the_request(
     client: ollama.Client, daemon: DaemonProcess
 ) -> None:
@@ -648,7 +636,6 @@ def test_keep_alive_takes_go_durations(client: ollama.Client, keep_alive: str) -
     assert loaded.done_reason == "load"
 
 
-@REQUEST_KEEP_ALIVE
 def test_keep_alive_zero_unloads_the_embedding_model(
     client: ollama.Client, daemon: DaemonProcess
 ) -> None:
@@ -662,7 +649,6 @@ def test_keep_alive_zero_unloads_the_embedding_model(
     assert len(client.embed(model=EMBED, input="Hi").embeddings) == 1  # loads again
 
 
-@REQUEST_KEEP_ALIVE
 def test_keep_alive_sets_when_ps_says_the_model_expires(client: ollama.Client) -> None:
     client.chat(model="spare", messages=ASK, options={"num_predict": 1}, keep_alive="1h")
     entry = next(m for m in client.ps().models if base_name(m.model or "") == "spare")

@@ -124,7 +124,8 @@ def residency_block(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
     idle = manager.idle_seconds(entry) if manager else None
     return {
         "load": "startup" if entry.startup else "on_demand",
-        "keep_alive": model.keep_alive,
+        # What applies now: a request's own keep_alive (Ollama's) over the config's.
+        "keep_alive": manager.keep_alive(entry) if manager else model.keep_alive,
         "pinned": model.pin,
         "in_flight": entry.in_flight,
         "idle_s": None if idle is None else round(idle, 3),

@@ -19,7 +19,7 @@ FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 def estimated_bytes(model: ModelSettings, cache_dir: Path) -> int | None:
     """The weights' size as they will be served; None when the files are not here
     (a hub model not downloaded yet)."""
-    directory = _local_dir(model, cache_dir)
+    directory = local_model_dir(model, cache_dir)
     if directory is None or not (directory / "config.json").is_file():
         return None
     on_disk = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
@@ -36,7 +36,8 @@ def estimated_bytes(model: ModelSettings, cache_dir: Path) -> int | None:
     return on_disk
 
 
-def _local_dir(model: ModelSettings, cache_dir: Path) -> Path | None:
+def local_model_dir(model: ModelSettings, cache_dir: Path) -> Path | None:
+    """The model's directory if its files are on this machine (never downloads)."""
     from vllm_mlx.models.loader import cached_hub_dir, resolve_model_dir
 
     kind = classify_source(model.source).kind

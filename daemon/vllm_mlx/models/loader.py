@@ -68,7 +68,11 @@ def resolve_model_dir(model: ModelSettings, cache_dir: Path) -> Path:
 def context_length_of(model_dir: Path, override: int | None) -> int:
     if override is not None:
         return override
-    config = json.loads((model_dir / "config.json").read_text())
+    return context_length_in(json.loads((model_dir / "config.json").read_text()))
+
+
+def context_length_in(config: dict[str, Any]) -> int:
+    """The context a model's config.json declares (DEFAULT_CONTEXT when it names none)."""
     for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
         value = config.get(key) or config.get("text_config", {}).get(key)
         if isinstance(value, int) and value > 0:

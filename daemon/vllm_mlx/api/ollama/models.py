@@ -2,14 +2,18 @@
 
 Models come from the config file, not from Ollama's registry, so a model's `digest` is a
 stable hash of its name and source, `modified_at` is when the daemon registered it, and
-its details (family, quantization, parameter count) come from the loaded model's
-config.json: a model that has not loaded yet lists what its source says.
+its details (family, quantization, parameter count, size on disk) come from its files:
+the same whether it is loaded or not, as Ollama reads them from the model's files (clients
+size their context from /api/show before the first request). Reading them may hash or
+import a GGUF file, so callers run these functions in a worker thread.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +22,61 @@ from vllm_mlx.api.state import ServerState
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.engine.fleet.footprint import footprint
 from vllm_mlx.engine.fleet.registry import ModelEntry
+from vllm_mlx.models.estimate import local_model_dir
+from vllm_mlx.models.loader import context_length_in
+from vllm_mlx.models.plan import weight_info_from_files
 
 NEVER = "2318-01-01T00:00:00Z"  # what Ollama shows for a model kept loaded for good
 
 
-def _config(entry: ModelEntry) -> dict[str, Any]:
-    loaded = entry.engine.loaded if entry.engine is not None else None
-    if loaded is None:
-        return {}
+@dataclass(frozen=True)
+class ModelFiles:
+    """What a model's directory says about it; empty when its files are not here."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    parameters: int = 0
+    disk_bytes: int = 0
+
+
+# Per (source, revision): a model's files do not change while it is served, and finding
+# a GGUF model's import hashes the whole file. Models sharing a source share the entry.
+_files: dict[tuple[str, str | None], ModelFiles] = {}
+_files_lock = threading.Lock()
+
+
+def _directory(state: ServerState, entry: ModelEntry) -> Path | None:
+    runner = entry.engine if entry.engine is not None else entry.embedder
+    if runner is not None:
+        return Path(runner.loaded.directory)
     try:
-        value = json.loads((Path(loaded.directory) / "config.json").read_text())
+        return local_model_dir(entry.settings, state.settings.resolved_cache_dir())
+    except Exception:  # unreadable or not importable: listed without details
+        return None
+
+
+def _read(directory: Path) -> ModelFiles:
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        weights = sorted(directory.glob("*.safetensors"))
+        disk = sum(f.stat().st_size for f in weights)
+        parameters = weight_info_from_files(directory).float32_bytes // 4
     except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+        return ModelFiles()
+    return ModelFiles(config if isinstance(config, dict) else {}, parameters, disk)
+
+
+def model_files(state: ServerState, entry: ModelEntry) -> ModelFiles:
+    key = (entry.settings.source, entry.settings.revision)
+    with _files_lock:
+        known = _files.get(key)
+    if known is not None:
+        return known
+    directory = _directory(state, entry)
+    found = _read(directory) if directory is not None else ModelFiles()
+    if found.config:  # a hub model not downloaded yet may be, later
+        with _files_lock:
+            _files[key] = found
+    return found
 
 
 def _format(settings: ModelSettings) -> str:
@@ -47,25 +93,18 @@ def _parameter_size(count: float) -> str:
     return str(int(count))
 
 
-def details(entry: ModelEntry) -> dict[str, Any]:
-    config = _config(entry)
+def details(entry: ModelEntry, files: ModelFiles) -> dict[str, Any]:
+    config = files.config
     family = str(config.get("model_type", "bert" if entry.settings.task == "embed" else ""))
     quantization = config.get("quantization")
     bits = quantization.get("bits") if isinstance(quantization, dict) else None
     level = f"Q{bits}" if bits else str(config.get("torch_dtype", "")).upper().replace("FLOAT", "F")
-    size = ""
-    if entry.weights_bytes and bits:
-        # Affine quantization stores a scale and a bias (16 bits each) per group.
-        group = quantization.get("group_size", 64) if isinstance(quantization, dict) else 64
-        size = _parameter_size(entry.weights_bytes * 8 / (bits + 32 / group))
-    elif entry.weights_bytes:
-        size = _parameter_size(entry.weights_bytes / 4)
     return {
         "parent_model": "",
         "format": _format(entry.settings),
         "family": family,
         "families": [family] if family else None,
-        "parameter_size": size,
+        "parameter_size": _parameter_size(files.parameters) if files.parameters else "",
         "quantization_level": level,
     }
 
@@ -75,15 +114,15 @@ def _names(state: ServerState, entry: ModelEntry) -> list[str]:
     return [name, *state.registry.aliases_of(name)]
 
 
-def _summary(entry: ModelEntry, model_id: str) -> dict[str, Any]:
+def _summary(entry: ModelEntry, model_id: str, files: ModelFiles) -> dict[str, Any]:
     listed = convert.listed_name(model_id)
     return {
         "name": listed,
         "model": listed,
         "modified_at": convert.timestamp(entry.created),
-        "size": footprint(entry).weights or entry.weights_bytes,
+        "size": files.disk_bytes,  # as Ollama: the model's files, not its memory
         "digest": convert.digest(f"{entry.settings.name}\0{entry.settings.source}"),
-        "details": details(entry),
+        "details": details(entry, files),
     }
 
 
@@ -91,7 +130,7 @@ def tags(state: ServerState) -> dict[str, Any]:
     """Every configured model and alias (loaded or not)."""
     return {
         "models": [
-            _summary(entry, model_id)
+            _summary(entry, model_id, model_files(state, entry))
             for entry in state.registry.entries()
             for model_id in _names(state, entry)
         ]
@@ -101,10 +140,11 @@ def tags(state: ServerState) -> dict[str, Any]:
 def _expires_at(state: ServerState, entry: ModelEntry) -> str:
     manager = state.residency
     model = manager.model_settings(entry) if manager else entry.settings
-    if model.keep_alive < 0 or model.pin:
+    keep_alive = manager.keep_alive(entry) if manager else model.keep_alive
+    if keep_alive < 0:
         return NEVER
     idle = manager.idle_seconds(entry) if manager else None
-    left = model.keep_alive - (idle or 0.0)
+    left = keep_alive - (idle or 0.0)
     return convert.timestamp(time.time() + max(0.0, left))
 
 
@@ -114,7 +154,7 @@ def ps(state: ServerState) -> dict[str, Any]:
     for entry in state.registry.entries():
         if entry.runner is None:
             continue
-        summary = _summary(entry, entry.settings.name)
+        summary = _summary(entry, entry.settings.name, model_files(state, entry))
         context = entry.engine.context_length if entry.engine is not None else None
         models.append(
             {
@@ -126,6 +166,14 @@ def ps(state: ServerState) -> dict[str, Any]:
             }
         )
     return {"models": models}
+
+
+def _context_length(entry: ModelEntry, files: ModelFiles) -> int | None:
+    if entry.engine is not None:
+        return entry.engine.context_length
+    if entry.settings.context_length is not None:
+        return entry.settings.context_length
+    return context_length_in(files.config) if files.config else None
 
 
 def capabilities(model: ModelSettings) -> list[str]:
@@ -141,11 +189,13 @@ def capabilities(model: ModelSettings) -> list[str]:
 
 def show(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
     model = state.residency.model_settings(entry) if state.residency else entry.settings
-    info = details(entry)
+    files = model_files(state, entry)
+    info = details(entry, files)
     arch = info["family"] or "unknown"
     model_info: dict[str, Any] = {"general.architecture": arch}
-    if entry.engine is not None:
-        model_info[f"{arch}.context_length"] = entry.engine.context_length
+    context = _context_length(entry, files)
+    if context:
+        model_info[f"{arch}.context_length"] = context
     template = ""
     if entry.engine is not None:
         template = str(getattr(entry.engine.tokenizer, "chat_template", "") or "")

@@ -8,7 +8,7 @@ configured model loads it, the others say how to change the config. docs/ollama.
 
 from __future__ import annotations
 
-import re
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +22,7 @@ from vllm_mlx.api.errors import APIError, bad_request
 from vllm_mlx.api.ollama import convert, models
 from vllm_mlx.api.ollama.builder import Kind, ndjson
 from vllm_mlx.api.ollama.generation import ollama_generation
+from vllm_mlx.api.ollama.keep_alive import parse_keep_alive
 from vllm_mlx.api.ollama.schema import (
     ChatRequest,
     EmbedRequest,
@@ -61,6 +62,14 @@ async def _turn(request: Request[Any, Any, Any], name: str, route: str) -> Turn:
         raise
 
 
+def _keep_alive_after(
+    request: Request[Any, Any, Any], model_id: str, seconds: float | None
+) -> None:
+    """Applies once this request releases the model (it holds it now)."""
+    state = server_state(request)
+    manager_of(state).keep_alive_after(served_entry(state, model_id), seconds)
+
+
 def _one(event: dict[str, Any], streaming: bool) -> Response[Any]:
     """A single object, as one NDJSON line when the client streams."""
     if not streaming:
@@ -76,8 +85,9 @@ async def _generate(
     request: Request[Any, Any, Any], body: ChatRequest | GenerateRequest, kind: Kind
 ) -> Response[Any]:
     started = time.monotonic_ns()
-    _seconds(body.keep_alive)  # checked; a per-request keep_alive is not applied yet
+    keep_alive = parse_keep_alive(body.keep_alive)  # a bad one is a 400 before any load
     turn = await _turn(request, body.model, f"/api/{kind}")
+    _keep_alive_after(request, turn.model_id, keep_alive)
     load_ns = time.monotonic_ns() - started
     generation = await ollama_generation(turn, body, kind, started, load_ns)
     runs, builder = [generation.run], generation.builder
@@ -115,7 +125,8 @@ async def _load_or_unload(
         entry = served_entry(state, convert.model_id(name))
     except APIError as exc:
         raise _not_found(name) if exc.code == "model_not_found" else exc from None
-    if _seconds(keep_alive) == 0:
+    seconds = parse_keep_alive(keep_alive)
+    if seconds == 0:
         try:
             await manager_of(state).unload(entry)
         except ModelBusyError as exc:
@@ -124,6 +135,7 @@ async def _load_or_unload(
     else:
         await load(state, entry, name, hold=False)
         entry.last_used = time.monotonic()  # idle from now: keep_alive counts from here
+        manager_of(state).keep_alive_after(entry, seconds)
         reason = "load"
     event: dict[str, Any] = {"model": name, "created_at": convert.timestamp()}
     event |= (
@@ -132,40 +144,21 @@ async def _load_or_unload(
     return _one({**event, "done": True, "done_reason": reason}, streaming)
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def _seconds(keep_alive: float | str | None) -> float | None:
-    """keep_alive as seconds (None: not given): a number, or a Go duration ("1h30m")."""
-    if keep_alive is None or isinstance(keep_alive, int | float):
-        return None if keep_alive is None else float(keep_alive)
-    text = keep_alive.strip()
-    sign = -1.0 if text.startswith("-") else 1.0
-    body = text.lstrip("+-")
-    try:
-        return sign * float(body)  # a bare number of seconds
-    except ValueError:
-        pass
-    parts = _DURATION.findall(body)
-    if not body or "".join(n + u for n, u in parts) != body:
-        raise bad_request(f"keep_alive {keep_alive!r} is not a duration", "keep_alive")
-    return sign * sum(float(n) * _UNITS[u] for n, u in parts)
-
-
 # --- embeddings ------------------------------------------------------------------------
 
 
 async def _embeddings(
     request: Request[Any, Any, Any], name: str, inputs: list[str], truncate: bool,
-    dimensions: int | None, route: str,
+    dimensions: int | None, keep_alive: float | str | None, route: str,
 ) -> tuple[list[list[float]], int, int]:  # fmt: skip
     started = time.monotonic()
+    seconds = parse_keep_alive(keep_alive)
     state = server_state(request)
     try:
         target = await resolve_embedder(state, convert.model_id(name))
     except APIError as exc:
         raise _not_found(name) if exc.code == "model_not_found" else exc from None
+    _keep_alive_after(request, target.model_id, seconds)
     load_ns = int((time.monotonic() - started) * 1e9)
     cut_to = output_dimensions(target, dimensions)
     if not inputs:
@@ -182,7 +175,7 @@ async def embed_route(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, EmbedRequest)
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
     vectors, count, load_ns = await _embeddings(
-        request, body.model, inputs, body.truncate, body.dimensions, "/api/embed"
+        request, body.model, inputs, body.truncate, body.dimensions, body.keep_alive, "/api/embed"
     )
     return {
         "model": body.model,
@@ -198,7 +191,9 @@ async def embeddings_route(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The legacy endpoint: one prompt, one vector; an empty prompt, an empty vector."""
     body = await parse_body(request, LegacyEmbeddingsRequest)
     inputs = [body.prompt] if body.prompt else []
-    vectors, _, _ = await _embeddings(request, body.model, inputs, True, None, "/api/embeddings")
+    vectors, _, _ = await _embeddings(
+        request, body.model, inputs, True, None, body.keep_alive, "/api/embeddings"
+    )
     return {"embedding": vectors[0] if vectors else []}
 
 
@@ -207,12 +202,12 @@ async def embeddings_route(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @get("/api/tags")
 async def tags(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    return models.tags(server_state(request))
+    return await asyncio.to_thread(models.tags, server_state(request))
 
 
 @get("/api/ps")
 async def ps(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    return models.ps(server_state(request))
+    return await asyncio.to_thread(models.ps, server_state(request))
 
 
 @post("/api/show", status_code=200)
@@ -223,7 +218,7 @@ async def show(request: Request[Any, Any, Any]) -> dict[str, Any]:
     entry = state.registry.resolve(convert.model_id(name))
     if entry is None:
         raise _not_found(name)
-    return models.show(state, entry)
+    return await asyncio.to_thread(models.show, state, entry)
 
 
 def _name(body: ModelRequest) -> str:

@@ -56,6 +56,9 @@ class ModelEntry:
     # and what its weights and each KV token take once loaded.
     in_flight: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    # A request's own keep_alive (Ollama's field), in place of the configured one until
+    # another request sets its own or the model unloads; None: the config's.
+    keep_alive_override: float | None = None
     weights_bytes: int = 0
     kv_token_bytes: int = 0
 

@@ -144,6 +144,23 @@ class ModelManager:
         sizes = [(e.settings.name, footprint(e).total) for e in self.registry.entries()]
         return sizes, self.budget()
 
+    def keep_alive(self, entry: ModelEntry) -> float:
+        """Seconds the model may sit idle: the last request's own keep_alive, else the
+        config's; negative: never unloaded for idleness."""
+        if entry.keep_alive_override is not None:
+            return entry.keep_alive_override
+        return self.model_settings(entry).keep_alive
+
+    def keep_alive_after(self, entry: ModelEntry, seconds: float | None) -> None:
+        """A request's keep_alive (None: the config's) for the time after it ends; as in
+        Ollama the latest request decides. A distributed group's model never unloads
+        (its ranks would be left without one), so there it is ignored."""
+        if self._settings().distributed.enabled:
+            return
+        entry.keep_alive_override = seconds
+        if not entry.in_flight:  # no release is coming to start the clock again
+            self._schedule_idle(entry)
+
     def idle_seconds(self, entry: ModelEntry) -> float | None:
         if entry.runner is None or is_busy(entry):
             return None
@@ -337,6 +354,7 @@ class ModelManager:
         either way), so /v1/status and /metrics never disagree about it."""
         runner, size = entry.runner, footprint(entry).total
         self._cancel_timer(entry)
+        entry.keep_alive_override = None  # a request's keep_alive lasts one residency
         # weights_bytes stays: the next load's budget check uses it as the estimate.
         entry.engine, entry.embedder, entry.state = None, None, LoadState.UNLOADING
         try:
@@ -360,7 +378,7 @@ class ModelManager:
 
     def _schedule_idle(self, entry: ModelEntry, delay: float | None = None) -> None:
         self._cancel_timer(entry)
-        keep_alive = self.model_settings(entry).keep_alive
+        keep_alive = self.keep_alive(entry)
         if keep_alive < 0 or entry.runner is None or entry.in_flight:
             return
         if delay is None:
@@ -381,7 +399,7 @@ class ModelManager:
 
     async def _unload_if_idle(self, entry: ModelEntry) -> None:
         async with self._lock:
-            keep_alive = self.model_settings(entry).keep_alive
+            keep_alive = self.keep_alive(entry)
             if entry.runner is None or keep_alive < 0 or not self._current(entry):
                 return
             if is_busy(entry):
