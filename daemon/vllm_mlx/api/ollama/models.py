@@ -36,6 +36,7 @@ class ModelFiles:
     config: dict[str, Any] = field(default_factory=dict)
     parameters: int = 0
     disk_bytes: int = 0
+    chat_template: str = ""
 
 
 # Per (source, revision): a model's files do not change while it is served, and finding
@@ -62,7 +63,22 @@ def _read(directory: Path) -> ModelFiles:
         parameters = weight_info_from_files(directory).float32_bytes // 4
     except (OSError, ValueError):
         return ModelFiles()
-    return ModelFiles(config if isinstance(config, dict) else {}, parameters, disk)
+    config = config if isinstance(config, dict) else {}
+    return ModelFiles(config, parameters, disk, _chat_template(directory))
+
+
+def _chat_template(directory: Path) -> str:
+    """Where transformers keeps it: its own file, else tokenizer_config.json."""
+    try:
+        return (directory / "chat_template.jinja").read_text()
+    except OSError:
+        pass
+    try:
+        tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    template = tokenizer_config.get("chat_template") if isinstance(tokenizer_config, dict) else ""
+    return template if isinstance(template, str) else ""  # a list of named ones: none shown
 
 
 def model_files(state: ServerState, entry: ModelEntry) -> ModelFiles:
@@ -196,8 +212,8 @@ def show(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
     context = _context_length(entry, files)
     if context:
         model_info[f"{arch}.context_length"] = context
-    template = ""
-    if entry.engine is not None:
+    template = files.chat_template
+    if entry.engine is not None:  # what it renders with, a configured override included
         template = str(getattr(entry.engine.tokenizer, "chat_template", "") or "")
     d = state.settings.defaults  # what a request that sets no option samples with
     parameters = f"temperature {d.temperature}\ntop_p {d.top_p}\ntop_k {d.top_k}"
