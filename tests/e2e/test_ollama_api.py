@@ -384,7 +384,6 @@ def test_options_ollama_has_and_the_daemon_does_not_are_accepted(client: ollama.
         "mirostat_tau": 5.0,
         "tfs_z": 1.0,
         "typical_p": 1.0,
-        "repeat_last_n": 64,
         "penalize_newline": True,
         "low_vram": False,
         "main_gpu": 0,
@@ -422,6 +421,9 @@ def test_num_predict_minus_one_and_two_are_no_limit(client: ollama.Client, limit
 SEEDED = {"temperature": 1.0, "seed": 7}
 MAPPED: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = [
     ({"repeat_penalty": 1.5}, {"repetition_penalty": 1.5}, {}),
+    # repeat_last_n 0 turns the penalties off (Ollama's reading); -1: all tokens.
+    ({"repeat_penalty": 1.5, "repeat_last_n": 0}, {}, {"repeat_penalty": 1.5}),
+    ({"repeat_penalty": 1.5, "repeat_last_n": -1}, {"repetition_penalty": 1.5}, {}),
     ({"presence_penalty": 2.0}, {"presence_penalty": 2.0}, {}),
     ({"frequency_penalty": 2.0}, {"frequency_penalty": 2.0}, {}),
     (SEEDED, SEEDED, {"temperature": 1.0, "seed": 8}),
@@ -446,6 +448,21 @@ def test_each_option_reaches_the_sampler(
     assert reply.message.content == reference["choices"][0]["message"]["content"]
     other = client.chat(model="default", messages=ASK, options={**GREEDY, **without})
     assert reply.message.content != other.message.content  # the option changed the sample
+
+
+def test_repeat_last_n_narrows_what_the_penalty_sees(client: ollama.Client) -> None:
+    penalised = {**GREEDY, "repeat_penalty": 2.0, "frequency_penalty": 1.0}
+    whole = client.chat(model="default", messages=ASK, options=penalised).message.content
+    last_one = {**penalised, "repeat_last_n": 1}
+    narrow = client.chat(model="default", messages=ASK, options=last_one).message.content
+    assert narrow != whole
+
+
+def test_a_repeat_last_n_below_minus_one_is_a_400(daemon: DaemonProcess) -> None:
+    body = {"model": "default", "prompt": "Hi", "stream": False,
+            "options": {"repeat_last_n": -2}}  # fmt: skip
+    reply = httpx.post(f"{daemon.base_url}/api/generate", json=body, timeout=60)
+    assert reply.status_code == 400 and "repeat_last_n" in reply.json()["error"]
 
 
 def test_top_k_one_is_greedy(client: ollama.Client) -> None:

@@ -104,15 +104,17 @@ def guard_sampler(sampler: Sampler, fault: Fault) -> Sampler:
 
 
 def make_processors(params: SamplingParams, max_tokens: int) -> list[LogitsProcessor]:
-    """OpenAI-style penalties look at every generated token, so the context is max_tokens."""
+    """OpenAI-style penalties look at every generated token, so the context is max_tokens,
+    unless the request narrows it (penalty_window)."""
     penalty = params.repetition_penalty
+    window = min(max_tokens, params.penalty_window or max_tokens)
     processors: list[LogitsProcessor] = make_logits_processors(
         logit_bias=params.logit_bias or None,
         repetition_penalty=None if penalty in (None, 1.0) else penalty,
-        repetition_context_size=max_tokens,
+        repetition_context_size=window,
         presence_penalty=params.presence_penalty or None,
-        presence_context_size=max_tokens,
+        presence_context_size=window,
         frequency_penalty=params.frequency_penalty or None,
-        frequency_context_size=max_tokens,
+        frequency_context_size=window,
     )
     return processors

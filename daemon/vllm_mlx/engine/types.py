@@ -37,6 +37,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    # How many of the latest generated tokens the three penalties look at (Ollama's
+    # repeat_last_n); None: all of them, as OpenAI's penalties do.
+    penalty_window: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -62,6 +65,8 @@ class SamplingParams:
         penalty = self.repetition_penalty
         if penalty is not None and not (math.isfinite(penalty) and penalty > 0):
             yield "repetition_penalty", "repetition_penalty must be a positive number"
+        if self.penalty_window is not None and self.penalty_window < 1:
+            yield "penalty_window", "the penalty window must be at least 1 token"
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             yield "seed", f"seed must be a 64-bit integer ({SEED_MIN} to {SEED_MAX})"
         for token, bias in (self.logit_bias or {}).items():

@@ -58,19 +58,34 @@ def done_reason(reason: FinishReason) -> str:
 def sampling(turn: Turn, options: Options | None) -> SamplingParams:
     o = options or Options()
     # Ollama's other options (mirostat, num_gpu, num_thread, ...) tune its own runner.
-    ignored = sorted(set(o.model_extra or {}) | ({"repeat_last_n"} & o.model_fields_set))
+    ignored = sorted(o.model_extra or {})
     if ignored:
         log.debug("ollama options ignored", options=ignored)
+    window = _penalty_window(o.repeat_last_n)
+    off = window == 0  # Ollama: 0 turns the penalties off (1.0 is no repetition penalty)
     return turn.sampling(
         temperature=o.temperature,
         top_p=o.top_p,
         top_k=o.top_k,
         min_p=o.min_p,
         seed=o.seed,
-        repetition_penalty=o.repeat_penalty,
-        presence_penalty=o.presence_penalty,
-        frequency_penalty=o.frequency_penalty,
+        repetition_penalty=1.0 if off else o.repeat_penalty,
+        presence_penalty=0.0 if off else o.presence_penalty,
+        frequency_penalty=0.0 if off else o.frequency_penalty,
+        penalty_window=window or None,
     )
+
+
+def _penalty_window(repeat_last_n: int | None) -> int | None:
+    """repeat_last_n as Ollama reads it: the last n tokens the penalties see, 0 none,
+    -1 all (here: all the generated ones); None when not given."""
+    if repeat_last_n is None or repeat_last_n == -1:
+        return None
+    if repeat_last_n < -1:
+        raise bad_request(
+            "repeat_last_n must be -1 (all), 0 (off) or a positive number", "repeat_last_n"
+        )
+    return repeat_last_n
 
 
 def max_tokens(turn: Turn, options: Options | None) -> int | None:

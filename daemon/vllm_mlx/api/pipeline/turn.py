@@ -76,6 +76,7 @@ class Turn:
         presence_penalty: float | None = None,
         frequency_penalty: float | None = None,
         logit_bias: dict[int, float] | None = None,
+        penalty_window: int | None = None,
     ) -> SamplingParams:
         """Request values over the configured defaults, checked against the model.
 
@@ -98,6 +99,7 @@ class Turn:
             presence_penalty=presence_penalty or 0.0,
             frequency_penalty=frequency_penalty or 0.0,
             logit_bias=logit_bias,
+            penalty_window=penalty_window,
         )
         for param, message in params.problems(vocab_size):
             raise bad_request(message, param)
