@@ -14,7 +14,7 @@ import httpx
 import ollama
 import pytest
 
-from tests.conftest import DaemonProcess, running
+from tests.conftest import DaemonProcess, free_port, running
 from tests.e2e.ops_support import live_ids, logged_statuses, open_raw_request, status, wait_for
 from tests.support.ollama import check_error, ndjson
 
@@ -68,9 +68,18 @@ def keyed(
         ],
         "auth": {"api_keys": [KEY]},
         "defaults": {"max_tokens": 8000},
+        "ollama": {"listen": f"127.0.0.1:{free_port()}"},  # Ollama's port, elsewhere
     }
     with running(directory, model_cache_dir, config) as process:
         yield process
+
+
+def ollama_port(daemon: DaemonProcess) -> str:
+    """The second listener's base URL, from the config the daemon runs."""
+    import yaml
+
+    listen = yaml.safe_load(daemon.config_path.read_text())["ollama"]["listen"]
+    return f"http://{listen}"
 
 
 def send(
@@ -237,3 +246,34 @@ def test_the_client_raises_the_mid_stream_error(limited: DaemonProcess) -> None:
             received.append(part)
     assert received and not any(p.done for p in received)
     assert caught.value.error
+
+
+# --- the second listener (ollama.listen) ------------------------------------------------
+
+
+def test_the_second_listener_serves_the_ollama_client(keyed: DaemonProcess) -> None:
+    client = ollama.Client(host=ollama_port(keyed), headers={"Authorization": f"Bearer {KEY}"})
+    reply = client.chat(model="default", messages=ASK, options={"num_predict": 2})
+    assert reply.done and reply.eval_count == 2
+    assert "default:latest" in [m.model for m in client.list().models]
+    parts = list(client.generate(model="default", prompt="Hi", stream=True,
+                                 options={"num_predict": 2}))  # fmt: skip
+    assert parts[-1].done and parts[-1].eval_count == 2
+
+
+def test_the_second_listener_serves_every_route_behind_the_same_keys(
+    keyed: DaemonProcess,
+) -> None:
+    base = ollama_port(keyed)
+    check_error(httpx.get(f"{base}/api/tags", timeout=30), 401)
+    root = httpx.get(f"{base}/", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert root.status_code == 200 and root.text == "Ollama is running"
+    # Ollama serves its OpenAI-compatible routes on its port too: so does this one.
+    chat = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "default", "messages": ASK, "max_tokens": 2},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=120,
+    )
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] <= 2
+    assert httpx.get(f"{base}/health", timeout=30).status_code == 200

@@ -110,3 +110,15 @@ def test_a_port_already_taken_is_one_clear_line_and_exit_1(start_daemon: StartDa
     log = daemon.log_text()
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in log
     assert "Traceback" not in log
+
+
+def test_a_taken_ollama_port_is_one_clear_line_and_exit_1(start_daemon: StartDaemon) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = start_daemon({"ollama": {"listen": f"127.0.0.1:{port}"}}, wait=False)
+        assert daemon.process.wait(STARTUP_TIMEOUT_S) == 1
+    log = daemon.log_text()
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in log
+    assert "Traceback" not in log

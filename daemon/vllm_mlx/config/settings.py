@@ -24,6 +24,7 @@ from vllm_mlx.config.fields import (
 from vllm_mlx.config.mcp import McpSettings
 from vllm_mlx.config.memory import MemorySettings
 from vllm_mlx.config.model import ModelSettings, check_unique_model_ids
+from vllm_mlx.config.ollama import OllamaSettings, overlaps
 from vllm_mlx.config.sections import (
     AuthSettings,
     DefaultsSettings,
@@ -86,12 +87,26 @@ class Settings(BaseSettings):
     distributed: DistributedSettings = setting(
         DistributedSettings(), Reload.RESTART, "One model across several processes or Macs."
     )
+    ollama: OllamaSettings = setting(
+        OllamaSettings(), Reload.RESTART, "A second listener on Ollama's port."
+    )
 
     @field_validator("models")
     @classmethod
     def _unique_model_ids(cls, models: list[ModelSettings]) -> list[ModelSettings]:
         check_unique_model_ids(models)
         return models
+
+    @model_validator(mode="after")
+    def _second_listener_apart(self) -> Settings:
+        extra = self.ollama.address()
+        if extra is not None and overlaps(extra, (self.server.host, self.server.port)):
+            raise ValueError(
+                f"ollama.listen {self.ollama.listen} is the address server.host and "
+                f"server.port already listen on ({self.server.host}:{self.server.port}); "
+                f"use another port (Ollama's is 11434)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _distributed_models(self) -> Settings:

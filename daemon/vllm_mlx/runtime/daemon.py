@@ -64,6 +64,7 @@ class Listener:
     task: asyncio.Task[None]
     tag: str
     retiring: bool = False
+    main: bool = True  # server.host:port (moved by a reload); False: ollama.listen
 
 
 def model_loader(
@@ -134,8 +135,10 @@ class Daemon:
             log.error("background task failed", error=repr(task.exception()))
 
     def _listen(self, settings: Settings) -> Listener:
-        host, port = settings.server.host, settings.server.port
-        tag = f"{host}:{port}"
+        return self._listen_at(settings.server.host, settings.server.port, main=True)
+
+    def _listen_at(self, host: str, port: int, main: bool) -> Listener:
+        tag = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         server = Server(
             self.tracker.wrap(self.app, tag),
             address=host,
@@ -144,7 +147,7 @@ class Daemon:
             log_enabled=False,
             backlog=1024,
         )
-        listener = Listener(server, asyncio.create_task(server.serve()), tag)
+        listener = Listener(server, asyncio.create_task(server.serve()), tag, main=main)
         self.listeners.append(listener)
         return listener
 
@@ -282,7 +285,7 @@ class Daemon:
 
     async def _rebind(self, new: Settings) -> None:
         """Listen on the new address beside the old one; retire the old once idle."""
-        old = [listener for listener in self.listeners if not listener.retiring]
+        old = [item for item in self.listeners if item.main and not item.retiring]
         listener = self._listen(new)
         await asyncio.sleep(0)  # the server binds in its task's first step
         if listener.task.done():
@@ -335,6 +338,10 @@ class Daemon:
             log.warning("engine.prefix_cache_mb is deprecated: rename it engine.cache_memory_mb")
         self._startup_loads = self._spawn(self._load_startup())
         self._listen(settings)
+        second = settings.ollama.address()
+        if second is not None:  # a bind failure ends the daemon as the main one's does
+            listener = self._listen_at(*second, main=False)
+            log.info("listening for Ollama clients", url=f"http://{listener.tag}")
         self.state.mcp.apply(settings.mcp)  # servers connect in the background
         self.pid_file = write_pid_file(settings.resolved_cache_dir(), settings.server.port)
         stop_watching = asyncio.Event()
