@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -27,10 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tests.conftest import DaemonProcess
 from tests.e2e.conftest import OLLAMA_EMBED as EMBED
+from tests.support.npm import npm_install, npm_prefix
 from tests.support.replay import CALLS, QUESTION, THOUGHT, TOOL_ARGS, tool_schema
 
 OLLAMA_JS_VERSION = "0.6.3"
-NPM_TIMEOUT_S = 300
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "ollama_client.mjs"
 STORY = "Write a long story about a dragon."
 ASK = [{"role": "user", "content": STORY}]
@@ -64,39 +63,15 @@ def cosine(a: Any, b: Any) -> float:
 # --- ollama-js ---------------------------------------------------------------------------
 
 
-def _cache() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "vllm-mlx-tests" / f"ollama-js-{OLLAMA_JS_VERSION}"
-
-
 @pytest.fixture(scope="session")
 def ollama_js() -> tuple[str, Path]:
     """node and a directory holding node_modules/ollama, installed once per machine."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed, so ollama-js cannot run")
-    prefix = _cache()
-    if (prefix / "node_modules" / "ollama" / "package.json").exists():
-        return node, prefix
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed, so ollama-js (`ollama` on npm) cannot be installed")
-    package = f"ollama@{OLLAMA_JS_VERSION}"
-    try:
-        probe = subprocess.run(
-            [npm, "view", package, "version"], capture_output=True, text=True, timeout=60
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip("the npm registry did not answer within 60 s; ollama-js cannot be installed")
-    if probe.returncode != 0:
-        pytest.skip(f"the npm registry is unreachable ({probe.stderr.strip()[-200:]})")
-    prefix.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix), package],
-        check=True,
-        capture_output=True,
-        timeout=NPM_TIMEOUT_S,
-    )
+    prefix = npm_prefix(f"ollama-js-{OLLAMA_JS_VERSION}")
+    installed = prefix / "node_modules" / "ollama" / "package.json"
+    npm_install(f"ollama@{OLLAMA_JS_VERSION}", prefix, installed, "ollama-js")
     return node, prefix
 
 

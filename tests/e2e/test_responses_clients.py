@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,11 +21,11 @@ from agents.models.openai_provider import OpenAIProvider
 from tests.conftest import DaemonProcess
 from tests.e2e.conftest import RESPONSES_KEY as KEY
 from tests.e2e.ops_support import wait_for
+from tests.support.npm import npm_install, npm_prefix
 from tests.support.replay import FIXTURES, QUESTION
 
 ANSWER = json.loads((FIXTURES / "anthropic_answer.json").read_text())["text"]
 CODEX_VERSION = "0.171.0"
-NPM_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
@@ -102,37 +101,12 @@ def test_agents_sdk_plain_agent_on_the_bundled_model(daemon: DaemonProcess) -> N
 # --- Codex CLI -------------------------------------------------------------------------
 
 
-def _codex_cache() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "vllm-mlx-tests" / f"codex-{CODEX_VERSION}"
-
-
 @pytest.fixture(scope="session")
 def codex_bin() -> Path:
     """The codex binary from npm, installed once per machine into a cache directory."""
-    prefix = _codex_cache()
+    prefix = npm_prefix(f"codex-{CODEX_VERSION}")
     binary = prefix / "node_modules" / ".bin" / "codex"
-    if binary.exists():
-        return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed, so Codex CLI (@openai/codex) cannot be installed")
-    package = f"@openai/codex@{CODEX_VERSION}"
-    try:
-        probe = subprocess.run(
-            [npm, "view", package, "version"], capture_output=True, text=True, timeout=60
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip("the npm registry did not answer within 60 s; Codex CLI cannot be installed")
-    if probe.returncode != 0:
-        pytest.skip(f"the npm registry is unreachable ({probe.stderr.strip()[-200:]})")
-    prefix.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix), package],
-        check=True,
-        capture_output=True,
-        timeout=NPM_TIMEOUT_S,
-    )
+    npm_install(f"@openai/codex@{CODEX_VERSION}", prefix, binary, "Codex CLI")
     return binary
 
 
