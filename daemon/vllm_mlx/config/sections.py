@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -81,6 +82,12 @@ class ServerSettings(Section):
         return value
 
 
+# Routing metadata clients put into the system prompt, which changes per session and so
+# breaks every cached prefix after it: Claude Code's first system block is
+# `x-anthropic-billing-header: cc_version=2.1.197.<3 hex>; cc_entrypoint=sdk-cli;`.
+DEFAULT_CANONICALIZATION = (r"x-anthropic-billing-header:.*",)
+
+
 class EngineSettings(Section):
     continuous_batching: bool = setting(
         True,
@@ -148,6 +155,15 @@ class EngineSettings(Section):
         "a single longer input still runs, alone.",
         ge=16,
     )
+    prompt_canonicalization: list[str] = setting(
+        list(DEFAULT_CANONICALIZATION),
+        Reload.HOT,
+        "Regular expressions for volatile lines in system text (Anthropic `system`): a "
+        "line one matches in full is removed before templating, so a per-session line "
+        "does not break the cached prefix after it. User content is never changed. The "
+        "default removes Claude Code's `x-anthropic-billing-header:` line; `[]` turns "
+        "it off; a list replaces it (add the default to keep it).",
+    )
     blas: str = setting(
         "auto",
         Reload.RESTART,
@@ -156,6 +172,17 @@ class EngineSettings(Section):
         "wheel's own, or a path to a CBLAS/LAPACK shared library. Ignored on macOS.",
         min_length=1,
     )
+
+    @field_validator("prompt_canonicalization")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for index, pattern in enumerate(value):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                message = f"not a regular expression ({exc}): {pattern!r}"
+                raise LocatedError(message, (index,)) from None
+        return value
 
     @model_validator(mode="after")
     def _one_cache_bound(self) -> EngineSettings:

@@ -7,6 +7,7 @@ adapter uses, so count_tokens and ``usage.input_tokens`` agree by construction.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from vllm_mlx.api.anthropic.schema import (
     Tool,
 )
 from vllm_mlx.api.errors import bad_request
+from vllm_mlx.api.pipeline.canonical import canonical_system
 from vllm_mlx.api.pipeline.chat_template import render_chat
 from vllm_mlx.api.pipeline.structured import ForcedTools
 from vllm_mlx.engine.constraints import Constraint
@@ -39,13 +41,15 @@ class ChatPrompt:
     max_tool_calls: int | None = None  # 1 with disable_parallel_tool_use
 
 
-def build_prompt(request: PromptFields) -> ChatPrompt:
+def build_prompt(request: PromptFields, volatile: Sequence[str] = ()) -> ChatPrompt:
+    """`volatile`: engine.prompt_canonicalization, the system lines left out."""
     offered = offered_tools(request)
     choice = request.tool_choice
     messages = conversation(request.messages)
     continue_final = is_prefill(messages)
+    system_text = _system_text(request, volatile)
     system = "\n\n".join(
-        part for part in (_system_text(request), _tool_instruction(request, offered)) if part
+        part for part in (system_text, _tool_instruction(request, offered)) if part
     )
     if system:
         messages.insert(0, {"role": "system", "content": system})
@@ -73,13 +77,14 @@ def prompt_tokens(tokenizer: Any, prompt: ChatPrompt) -> list[int]:
     )
 
 
-def _system_text(request: PromptFields) -> str:
+def _system_text(request: PromptFields, volatile: Sequence[str]) -> str:
     """`system`, then the text of any system-role messages, as one system prompt.
 
     Claude Code sends extra instructions as role "system" messages between turns.
     Many chat templates accept a system message only first, so they join `system`.
     """
-    parts = ["\n".join(block.text for block in request.system)]
+    blocks = (canonical_system(block.text, volatile) for block in request.system)
+    parts = ["\n".join(text for text in blocks if text)]
     for index, message in enumerate(request.messages):
         if message.role != "system":
             continue
@@ -89,7 +94,7 @@ def _system_text(request: PromptFields) -> str:
                 where = f"messages[{index}].content[{position}]"
                 raise bad_request(f"{where}: system messages may hold only text blocks", where)
             texts.append(block.text)
-        parts.append("\n".join(texts))
+        parts.append(canonical_system("\n".join(texts), volatile))
     return "\n\n".join(part for part in parts if part)
 
 

@@ -23,7 +23,7 @@ class MessageGeneration:
 
 
 async def message_generation(turn: Turn, body: MessagesRequest) -> MessageGeneration:
-    prompt_fields = convert.build_prompt(body)
+    prompt_fields = convert.build_prompt(body, turn.settings.engine.prompt_canonicalization)
     prompt = await turn.prompt(convert.prompt_tokens, turn.tokenizer, prompt_fields)
     sampling = turn.sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
     max_tokens = turn.allowed_tokens(prompt, body.max_tokens)

@@ -48,7 +48,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     state = server_state(request)
     turn = await resolve_turn(request, body.model, ROUTE)
     body, _ = mcp_loop.attach(state.mcp, turn, body)
-    prompt = convert.build_prompt(body)
+    prompt = convert.build_prompt(body, turn.settings.engine.prompt_canonicalization)
     tokens = await turn.off_loop(convert.prompt_tokens, turn.tokenizer, prompt)
     return {"input_tokens": len(tokens)}
 
