@@ -1,6 +1,7 @@
 """Two Claude Code sessions, each opening `system` with its own billing line, share the
 cached prefix after it (engine.prompt_canonicalization's default); with the default
-turned off, the second session pays its prefill again. Read from /metrics."""
+turned off, the second session pays its prefill again. Read from `usage`
+(cache_read_input_tokens) and /metrics, which must agree."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import openai
 import pytest
 
 from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import scrape, value, wait_for
+from tests.support.anthropic import prompt_tokens
 
 MODEL = "smollm2-135m-instruct"
 HITS = "vllm:prefix_cache_hits_total"
@@ -44,7 +47,8 @@ def default_daemon(
 
 
 def session_turn(daemon: DaemonProcess, header: str, question: str) -> tuple[int, int]:
-    """One first turn of a session: (its prompt tokens, how many came from the cache)."""
+    """One first turn of a session: (its prompt tokens, how many came from the cache),
+    as its `usage` says; /metrics must say the same."""
     before = scrape(daemon)
     client = anthropic.Anthropic(base_url=daemon.base_url, api_key="unused")
     reply = client.messages.create(
@@ -53,8 +57,10 @@ def session_turn(daemon: DaemonProcess, header: str, question: str) -> tuple[int
         system=[{"type": "text", "text": header}, {"type": "text", "text": AGENT}],
         messages=[{"role": "user", "content": question}],
     )
-    prompt = reply.usage.input_tokens
+    usage = reply.usage
+    prompt = prompt_tokens(usage)
     assert prompt > 150  # the agent's prefix is the bulk of it
+    read = usage.cache_read_input_tokens or 0
 
     def counted() -> float | None:
         # Queries and hits are counted together, at the end of the request's prefill.
@@ -63,7 +69,8 @@ def session_turn(daemon: DaemonProcess, header: str, question: str) -> tuple[int
         return value(now, HITS, model_name=MODEL) + 1 if queried >= prompt else None
 
     hits = wait_for(counted, 30, "the request's prefix cache counters") - 1
-    return prompt, int(hits - value(before, HITS, model_name=MODEL))
+    assert int(hits - value(before, HITS, model_name=MODEL)) == read
+    return prompt, read
 
 
 def test_a_new_session_reuses_the_last_sessions_prefix(default_daemon: DaemonProcess) -> None:
@@ -78,3 +85,55 @@ def test_with_the_default_off_a_new_session_misses(tmp_path: Path, model_cache_d
         prompt, reused = session_turn(daemon, SESSIONS[1], "Where is main?")
         # The billing line differs within its first tokens: almost nothing is reused.
         assert reused < 0.2 * prompt, (reused, prompt)
+
+
+def test_openai_chat_and_responses_drop_the_line_and_report_cached_tokens(
+    default_daemon: DaemonProcess,
+) -> None:
+    """The same billing line in OpenAI system text (a proxy forwarding Claude Code) is
+    left out too; each API says in its usage how much of the prompt the cache gave."""
+    before = scrape(default_daemon)
+    client = openai.OpenAI(base_url=f"{default_daemon.base_url}/v1", api_key="unused")
+    system = "Chat API. " + AGENT
+    chats = [
+        client.chat.completions.create(
+            model=MODEL,
+            max_tokens=2,
+            messages=[
+                {"role": "system", "content": f"{header}\n{system}"},
+                {"role": "user", "content": question},
+            ],
+        )
+        for header, question in zip(SESSIONS, ["What does this do?", "Where is main?"], strict=True)
+    ]
+    usage = chats[1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens > 0.9 * usage.prompt_tokens
+    responses = [
+        client.responses.create(
+            model=MODEL,
+            max_output_tokens=16,
+            instructions=f"{header}\nResponses API. {AGENT}",
+            input=question,
+        )
+        for header, question in zip(SESSIONS, ["List the files.", "Run the tests."], strict=True)
+    ]
+    second = responses[1].usage
+    assert second is not None
+    assert second.input_tokens_details.cached_tokens > 0.9 * second.input_tokens
+    prompt = "def add(a, b):\n    return a + b\n" * 20
+    completions = [
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2) for _ in range(2)
+    ]
+    repeat = completions[1].usage
+    assert repeat is not None and repeat.prompt_tokens_details is not None
+    assert repeat.prompt_tokens_details.cached_tokens > 0.9 * repeat.prompt_tokens
+    # The cached share histogram saw the three repeats in its top buckets.
+    after = scrape(default_daemon)
+    share = "vllm_mlx_prompt_cached_fraction_bucket"
+
+    def high(samples: Any) -> float:
+        every = value(samples, share, model_name=MODEL, le="+Inf")
+        return every - value(samples, share, model_name=MODEL, le="0.9")
+
+    assert high(after) - high(before) >= 3

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import DaemonProcess
-from tests.support.anthropic import check_stream, parse_sse, validate
+from tests.support.anthropic import check_stream, parse_sse, prompt_tokens, validate
 
 MODEL = "default"
 HEADERS = {"anthropic-version": "2023-06-01"}
@@ -72,7 +72,7 @@ def test_count_tokens_equals_input_tokens(client: anthropic.Anthropic, case: str
     request = CASES[case]
     counted = client.messages.count_tokens(model=MODEL, **request)
     message = client.messages.create(model=MODEL, max_tokens=1, **request)
-    assert counted.input_tokens == message.usage.input_tokens > 0
+    assert counted.input_tokens == prompt_tokens(message.usage) > 0
 
 
 def test_tool_round_trip_renders_the_tool_result(client: anthropic.Anthropic) -> None:
@@ -120,7 +120,7 @@ def test_forced_tool_choice_is_an_instruction(client: anthropic.Anthropic) -> No
         max_tokens=6,
         extra_body=GREEDY,
     )
-    assert message.usage.input_tokens == forced.input_tokens
+    assert prompt_tokens(message.usage) == forced.input_tokens
     assert message.stop_reason in ("end_turn", "max_tokens", "tool_use")
     with pytest.raises(anthropic.BadRequestError, match="not in 'tools'"):
         client.messages.count_tokens(

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.conftest import DaemonProcess, running
-from tests.support.anthropic import check_stream, parse_sse, validate
+from tests.support.anthropic import check_stream, parse_sse, prompt_tokens, validate
 from tests.support.replay import (
     CALLS,
     FIXTURES,
@@ -140,7 +140,7 @@ def test_full_round_trip(client: anthropic.Anthropic, first_turn: dict[str, Any]
     answer = client.messages.create(
         model="replay-answer", messages=messages, tools=TOOLS, max_tokens=40
     )
-    assert answer.usage.input_tokens == counted.input_tokens
+    assert prompt_tokens(answer.usage) == counted.input_tokens
     assert answer.stop_reason == "end_turn"
     assert answer.content[0].text == "It is sunny and 21 degrees in Paris right now."
     # Without the results, the prompt is shorter: the tool results were rendered.

@@ -22,6 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DaemonProcess, free_port, running
+from tests.support.anthropic import prompt_tokens
 from tests.support.mcp_helpers import (
     REPLAY_MCP_CALL,
     SERVER_SCRIPT,
@@ -320,7 +321,7 @@ def test_execute_on_a_messages_stream(daemon: DaemonProcess) -> None:
                                       "content": "5"}]},
     ]  # fmt: skip
     follow = client.messages.create(model="exec", max_tokens=8, messages=history)  # type: ignore[arg-type]
-    assert follow.role == "assistant" and follow.usage.input_tokens > 0
+    assert follow.role == "assistant" and prompt_tokens(follow.usage) > 0
 
 
 def test_execute_runs_mcp_calls_until_max_tool_rounds(client: openai.OpenAI) -> None:

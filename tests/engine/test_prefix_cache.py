@@ -14,7 +14,12 @@ from vllm_mlx.engine.cache.paged import BLOCK_TOKENS, PagedPrefixCache, block_ke
 from vllm_mlx.engine.cache.prefix import PrefixCache
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.scheduler import SchedulerConfig
-from vllm_mlx.engine.types import GenerationRequest, PromptProcessed, SamplingParams
+from vllm_mlx.engine.types import (
+    GenerationRequest,
+    PromptProcessed,
+    SamplingParams,
+    SequenceFinished,
+)
 
 SYSTEM = "You are a geography teacher who answers in one short sentence, then stops. " * 5
 
@@ -26,15 +31,18 @@ def tokens(engine: Engine, question: str, system: str = SYSTEM) -> list[int]:
 
 async def run(
     target: Engine, prompt: list[int], rid: str, max_tokens: int = 6
-) -> tuple[int, list[int]]:
-    """(prompt tokens reused from the cache, generated token ids), greedy."""
-    cached, out = 0, list[int]()
+) -> tuple[int, list[int], int]:
+    """(prompt tokens reused from the cache, generated token ids, prompt tokens newly
+    stored in the cache), greedy."""
+    cached, out, stored = 0, list[int](), -1
     async for event in target.events(GenerationRequest(rid, prompt, max_tokens, SamplingParams())):
         if isinstance(event, PromptProcessed):
             cached = event.cached_tokens
+        elif isinstance(event, SequenceFinished):
+            stored = event.cache_stored
         elif hasattr(event, "tokens"):
             out.extend(event.tokens)
-    return cached, out
+    return cached, out, stored
 
 
 def started(engine: Engine, **config: Any) -> Engine:
@@ -74,6 +82,12 @@ def test_paged_blocks_are_shared_and_reused_to_the_divergence(
     # Reused to the token: the shared whole blocks plus the shared head of the next one.
     assert warm[0] == common
     assert again[0] == len(second) - 1  # an exact repeat re-feeds only its last token
+    # What each request newly stored of its prompt (the usage's cache writes): whole
+    # blocks only, and none of what it read.
+    whole = BLOCK_TOKENS
+    assert cold[2] == len(first) // whole * whole
+    assert warm[2] == len(second) // whole * whole - common
+    assert again[2] == 0
     reference = [asyncio.run(run(uncached, p, f"u{i}"))[1] for i, p in enumerate((first, second))]
     assert [cold[1], warm[1], again[1]] == [reference[0], reference[1], reference[1]]
     # One copy of the shared blocks: the cache holds the union of both prompts' blocks
@@ -95,9 +109,10 @@ def test_a_soak_of_distinct_long_prompts_never_exceeds_the_bound(
     seen: list[tuple[int, int]] = []
     store = cache.store
 
-    def checked_store(stored: Any, kv: Any) -> None:
-        store(stored, kv)
+    def checked_store(stored: Any, kv: Any) -> range:
+        written = store(stored, kv)
         seen.append((cache.nbytes, cache.held_bytes()))  # counted, and recounted from arrays
+        return written
 
     cache.store = checked_store  # type: ignore[method-assign,assignment]
     prompts = [

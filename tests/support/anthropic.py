@@ -123,3 +123,10 @@ def check_stream(frames: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any
             assert event["type"] == "ping", event
     assert open_index is None and next_index >= 1
     return events
+
+
+def prompt_tokens(usage: Any) -> int:
+    """The whole prompt of an SDK `Usage`: Anthropic counts the cached part apart."""
+    read = usage.cache_read_input_tokens or 0
+    created = usage.cache_creation_input_tokens or 0
+    return int(usage.input_tokens + read + created)

@@ -49,7 +49,7 @@ def run(
 
 
 def done(reason: FinishReason = FinishReason.STOP, stop: str | None = None) -> Finished:
-    return Finished(reason, Usage(10, 7), stop)
+    return Finished(reason, Usage(10, 7, cached_tokens=3, cache_write_tokens=5), stop)
 
 
 def parsed(
@@ -81,8 +81,15 @@ def test_text_only_stream_and_message() -> None:
     assert events[2]["content_block"] == {"type": "text", "text": ""}
     assert message["content"] == [{"type": "text", "text": "Hello world"}]
     assert message["stop_reason"] == "end_turn" and message["stop_sequence"] is None
-    assert message["usage"] == {"input_tokens": 10, "output_tokens": 7}
-    assert events[-2]["usage"]["output_tokens"] == 7
+    # As Anthropic counts: the three input counts add up to the 10-token prompt.
+    usage = {
+        "input_tokens": 2,
+        "output_tokens": 7,
+        "cache_read_input_tokens": 3,
+        "cache_creation_input_tokens": 5,
+    }
+    assert message["usage"] == usage
+    assert events[-2]["usage"] == usage
 
 
 def test_stop_reasons() -> None:

@@ -57,7 +57,7 @@ def _without_ids(response: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def done(reason: FinishReason = FinishReason.STOP) -> Finished:
-    return Finished(reason, Usage(10, 7, cached_tokens=4))
+    return Finished(reason, Usage(10, 7, cached_tokens=4, cache_write_tokens=2))
 
 
 def replayed(pieces: int = 7) -> list[ParserEvent]:
@@ -94,7 +94,7 @@ def test_text_stream_event_sequence_and_usage() -> None:
     assert message["content"][0]["text"] == "Hello world"
     assert response["usage"] == {
         "input_tokens": 10,
-        "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 2},
         "output_tokens": 7,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 17,

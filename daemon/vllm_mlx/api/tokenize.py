@@ -9,6 +9,7 @@ server.allow_client_chat_templates, as on the chat route.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from litestar import Request, Router, post
@@ -45,22 +46,28 @@ def _chat_request(body: TokenizeRequest) -> ChatCompletionRequest:
 
 
 def _chat_tokens(
-    tokenizer: Any, chat: ChatCompletionRequest, body: TokenizeRequest, kwargs: dict[str, Any]
+    tokenizer: Any,
+    chat: ChatCompletionRequest,
+    body: TokenizeRequest,
+    kwargs: dict[str, Any],
+    volatile: Sequence[str],
 ) -> list[int]:
-    """As /v1/chat/completions renders them, unless the body asks otherwise."""
+    """As /v1/chat/completions renders them (volatile system lines left out too),
+    unless the body asks otherwise."""
+    messages = convert.template_messages(chat, volatile)
     if body.continue_final_message:
         return render_chat(
             tokenizer,
-            convert.template_messages(chat),
+            messages,
             convert.template_tools(chat),
             kwargs,
             continue_final_message=True,
         )
     if body.add_generation_prompt is not False:
-        return convert.chat_prompt_tokens(tokenizer, chat, kwargs)
+        return convert.chat_prompt_tokens(tokenizer, chat, kwargs, volatile)
     try:
         tokens = tokenizer.apply_chat_template(
-            convert.template_messages(chat),
+            messages,
             tools=convert.template_tools(chat),
             add_generation_prompt=False,
             tokenize=True,
@@ -85,7 +92,8 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
         chat = _chat_request(body)
         allow = turn.settings.server.allow_client_chat_templates
         kwargs = convert.template_kwargs(chat, allow)
-        tokens = await turn.off_loop(_chat_tokens, tokenizer, chat, body, kwargs)
+        volatile = turn.settings.engine.prompt_canonicalization
+        tokens = await turn.off_loop(_chat_tokens, tokenizer, chat, body, kwargs, volatile)
     else:
         tokens = await turn.off_loop(_prompt_tokens, tokenizer, body)
     strs = tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None

@@ -151,6 +151,6 @@ async def generate_text(
                 yield TextDelta(tail, logprobs)
             trace.finished_at = time.monotonic()
             reason = FinishReason.STOP if hit else event.reason
-            usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens)
+            usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens, event.cache_stored)
             yield Finished(reason, usage, hit, event.message, event.refused)
             return

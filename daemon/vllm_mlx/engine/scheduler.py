@@ -321,7 +321,7 @@ class Scheduler:
                     prompt_logprobs=slot.prompt_logprobs,
                 )
                 self._post(slot, processed)
-        finished: list[tuple[Slot, str]] = []
+        finished: list[tuple[Slot, str, int]] = []  # with the prompt tokens newly cached
         scored: list[tuple[Slot, Any]] = []
         for gen in generation_responses:
             slot = self._slots.get(gen.uid)
@@ -336,16 +336,20 @@ class Scheduler:
                 if slot.request.logprobs is not None:
                     scored.append((slot, gen))
             if gen.finish_reason is not None:
-                finished.append((slot, gen.finish_reason))
+                stored = 0
                 if gen.prompt_cache is not None and gen.all_tokens:
-                    self.prefix_cache.store(gen.all_tokens, gen.prompt_cache)
+                    written = self.prefix_cache.store(gen.all_tokens, gen.prompt_cache)
+                    # Of the prompt, only what the request did not read from the cache.
+                    start = max(written.start, slot.cached_tokens)
+                    stored = max(0, min(written.stop, len(slot.request.prompt_tokens)) - start)
+                finished.append((slot, gen.finish_reason, stored))
         if scored:
             self._add_logprobs(scored)
         for slot in self._slots.values():
             self._flush(slot)
-        for slot, reason in finished:
+        for slot, reason, stored in finished:
             if slot.uid in self._slots:  # not failed above
-                self._finish(slot, SequenceFinished(FinishReason(reason)))
+                self._finish(slot, SequenceFinished(FinishReason(reason), cache_stored=stored))
         self._fail_faulted()
         if self.on_step is not None:
             self._report_step(prompt_tokens, len(generation_responses))

@@ -154,6 +154,7 @@ class SequenceFinished:
     message: str = ""
     # With reason ERROR: the request itself was at fault (the API answers 400, not 500).
     refused: bool = False
+    cache_stored: int = 0  # prompt tokens this sequence newly wrote into the prefix cache
 
 
 EngineEvent = PromptProcessed | TokensGenerated | SequenceFinished
@@ -167,6 +168,13 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not recomputed)
+    cache_write_tokens: int = 0  # prompt tokens newly stored in the prefix cache
+
+    @property
+    def uncached_tokens(self) -> int:
+        """The prompt tokens neither read from nor written to the cache (Anthropic's
+        `input_tokens`: with the other two it adds up to the prompt)."""
+        return self.prompt_tokens - self.cached_tokens - self.cache_write_tokens
 
     @property
     def total_tokens(self) -> int:

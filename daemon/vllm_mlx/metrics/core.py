@@ -53,6 +53,8 @@ HTTP_LATENCY_BUCKETS = (
     300.0, 600.0,
 )  # fmt: skip
 MCP_CALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# The cached share of a prompt: an agent turn sits near 0.9-1.0, a cold prompt at 0.
+CACHED_SHARE_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 MASK_BUCKETS = (
     0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01,
     0.02, 0.05, 0.1,
@@ -116,6 +118,11 @@ class Metrics:
         )
         self.prefix_cache_hits = c(
             "vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens reused from the cache."
+        )
+        self.cached_share = h(
+            "vllm_mlx_prompt_cached_fraction",
+            "Share of each prompt (0 to 1) that the prefix cache supplied.",
+            CACHED_SHARE_BUCKETS,
         )
         self.ttft = h(
             "vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
@@ -222,8 +229,8 @@ class Metrics:
         self._models.add(name)
         for metric in (
             self.prompt_tokens, self.generation_tokens, self.prefix_cache_queries,
-            self.prefix_cache_hits, self.ttft, self.itl, self.e2e, self.queue_time,
-            self.prefill_time, self.decode_time, self.request_prompt_tokens,
+            self.prefix_cache_hits, self.cached_share, self.ttft, self.itl, self.e2e,
+            self.queue_time, self.prefill_time, self.decode_time, self.request_prompt_tokens,
             self.request_generation_tokens, self.iteration_tokens, self.structured_mask,
         ):  # fmt: skip
             metric.labels(name)
@@ -297,6 +304,9 @@ class RequestMetrics:
             # vLLM counts prefix-cache queries and hits in tokens.
             self._m.prefix_cache_queries.labels(self._model).inc(self._prompt_tokens)
             self._m.prefix_cache_hits.labels(self._model).inc(trace.cached_tokens)
+            if self._prompt_tokens:
+                share = trace.cached_tokens / self._prompt_tokens
+                self._m.cached_share.labels(self._model).observe(share)
             started = trace.prefill_started_at or trace.arrived_at
             self._m.queue_time.labels(self._model).observe(max(0.0, started - trace.arrived_at))
             self._m.prefill_time.labels(self._model).observe(

@@ -62,7 +62,13 @@ class MessageBuilder(WireBuilder):
             "content": content,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            # Before the prefill nothing is known of the cache: message_delta has it.
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "output_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+            },
             **fields,
         }
 
@@ -146,10 +152,7 @@ class MessageBuilder(WireBuilder):
             "stop_reason": convert.stop_reason(finished, self.used_tools),
             "stop_sequence": finished.stop_sequence,
         }
-        usage = {
-            "input_tokens": finished.usage.prompt_tokens,
-            "output_tokens": finished.usage.completion_tokens,
-        }
+        usage = convert.usage_dict(finished.usage)
         return [
             *events,
             {"type": "message_delta", "delta": delta, "usage": usage},
@@ -176,10 +179,7 @@ class MessageBuilder(WireBuilder):
         return self._message(
             self.content,
             **delta["delta"],
-            usage={
-                "input_tokens": finished.usage.prompt_tokens,
-                "output_tokens": finished.usage.completion_tokens,
-            },
+            usage=convert.usage_dict(finished.usage),
         )
 
 

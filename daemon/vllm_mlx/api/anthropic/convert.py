@@ -17,13 +17,14 @@ from vllm_mlx.api.anthropic.schema import (
     PromptFields,
     TextBlock,
     Tool,
+    UsageDict,
 )
 from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.pipeline.canonical import canonical_system
 from vllm_mlx.api.pipeline.chat_template import render_chat
 from vllm_mlx.api.pipeline.structured import ForcedTools
 from vllm_mlx.engine.constraints import Constraint
-from vllm_mlx.engine.types import Finished, FinishReason
+from vllm_mlx.engine.types import Finished, FinishReason, Usage
 from vllm_mlx.parsers.types import ToolSpec
 
 # --- requests -> chat template -------------------------------------------------------
@@ -184,3 +185,12 @@ def output_constraint(request: MessagesRequest) -> Constraint | None:
     if request.output_format is not None:
         return Constraint("json_schema", request.output_format.schema_, "output_format.schema")
     return None
+
+
+def usage_dict(usage: Usage) -> UsageDict:
+    return {
+        "input_tokens": usage.uncached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": usage.cache_write_tokens,
+    }

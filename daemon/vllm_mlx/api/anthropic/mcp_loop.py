@@ -78,12 +78,12 @@ class MessagesLoop:
 
     async def _complete(self, body: MessagesRequest) -> dict[str, Any]:
         executed: list[dict[str, Any]] = []
-        input_tokens = output_tokens = 0
+        totals: dict[str, int] = {}
         for round_no in range(self.rounds + 1):
             generation = await message_generation(self.turn, body)
             message = await driver.complete([generation.run], generation.builder)
-            input_tokens += message["usage"]["input_tokens"]
-            output_tokens += message["usage"]["output_tokens"]
+            for name, count in message["usage"].items():
+                totals[name] = totals.get(name, 0) + count
             uses = [block for block in message["content"] if block["type"] == "tool_use"]
             if (
                 round_no == self.rounds
@@ -94,8 +94,7 @@ class MessagesLoop:
             results = await mcp.execute(self.manager, _calls(uses))
             executed.extend(_record(round_no + 1, u, r) for u, r in zip(uses, results, strict=True))
             body = _extended(body, message["content"], uses, results)
-        message["usage"] = {**message["usage"], "input_tokens": input_tokens,
-                            "output_tokens": output_tokens}  # fmt: skip
+        message["usage"] = totals
         if executed:
             message["mcp_tool_calls"] = executed
         return message

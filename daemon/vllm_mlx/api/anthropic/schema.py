@@ -223,8 +223,12 @@ class MessagesRequest(PromptFields):
 
 
 class UsageDict(TypedDict):
+    """As Anthropic counts: input + cache read + cache creation = the whole prompt."""
+
     input_tokens: int
     output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
 
 
 class ErrorDetail(TypedDict):

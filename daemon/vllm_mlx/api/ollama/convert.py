@@ -10,6 +10,7 @@ logged once per request, as Ollama ignores what a runner does not use.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ import structlog
 
 from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.ollama.schema import ChatMessage, ChatRequest, Options, ToolDefinition
+from vllm_mlx.api.pipeline.canonical import canonical_system
 from vllm_mlx.api.pipeline.turn import Turn
 from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import FinishReason, SamplingParams
@@ -147,17 +149,21 @@ def refuse_images(images: list[str] | None, param: str) -> None:
         )
 
 
-def template_messages(body: ChatRequest) -> list[dict[str, Any]]:
-    """Hugging Face chat messages: tool calls with object arguments, tool results named."""
+def template_messages(body: ChatRequest, volatile: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Hugging Face chat messages: tool calls with object arguments, tool results named;
+    `volatile` (engine.prompt_canonicalization): the system lines left out."""
     out = []
     for index, message in enumerate(body.messages):
         refuse_images(message.images, f"messages[{index}].images")
-        out.append(_template_message(message))
+        out.append(_template_message(message, volatile))
     return out
 
 
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    item: dict[str, Any] = {"role": message.role, "content": message.content}
+def _template_message(message: ChatMessage, volatile: Sequence[str]) -> dict[str, Any]:
+    content = message.content
+    if message.role == "system":
+        content = canonical_system(content, volatile)
+    item: dict[str, Any] = {"role": message.role, "content": content}
     if message.tool_calls:
         item["tool_calls"] = [
             {"type": "function", "function": call.function.model_dump()}

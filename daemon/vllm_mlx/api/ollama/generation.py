@@ -32,7 +32,7 @@ async def _prompt(turn: Turn, body: Body) -> tuple[Prompt, list[ToolSpec] | None
     kwargs = convert.template_kwargs(turn, body.think)
     if isinstance(body, ChatRequest):
         convert.check_tools(turn, body.tools)
-        messages = convert.template_messages(body)
+        messages = convert.template_messages(body, turn.settings.engine.prompt_canonicalization)
         tools = convert.template_tools(body.tools)
         prompt = await turn.prompt(render_chat, turn.tokenizer, messages, tools, kwargs)
         return prompt, convert.tool_specs(body.tools)

@@ -144,9 +144,15 @@ class ChatBuilder(WireBuilder):
         return data_event(event)
 
     def usage(self) -> Usage:
-        """The prompt once (the choices share one prefill), every choice's completion."""
+        """The prompt once (the choices share one prefill), every choice's completion;
+        the first to finish writes the prompt's new cache blocks, so writes are summed."""
         usages = [m.finished.usage for m in self.messages if m.finished is not None]
-        return Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages))
+        return Usage(
+            usages[0].prompt_tokens,
+            sum(u.completion_tokens for u in usages),
+            usages[0].cached_tokens,
+            sum(u.cache_write_tokens for u in usages),
+        )
 
     def round_calls(self) -> tuple[str, list[Call]]:
         """The content and calls of the tool round that just ended (choice 0)."""

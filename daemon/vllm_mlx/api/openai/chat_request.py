@@ -48,7 +48,8 @@ async def chat_generation(
     turn: Turn, body: ChatCompletionRequest, request_id: str
 ) -> ChatGeneration:
     kwargs = convert.template_kwargs(body, turn.settings.server.allow_client_chat_templates)
-    prompt = await turn.prompt(convert.chat_prompt_tokens, turn.tokenizer, body, kwargs)
+    volatile = turn.settings.engine.prompt_canonicalization
+    prompt = await turn.prompt(convert.chat_prompt_tokens, turn.tokenizer, body, kwargs, volatile)
     sampling = convert.sampling_from(turn, body)
     max_tokens = turn.allowed_tokens(prompt, body.wanted_max_tokens())
     # Every choice shares the constraint; each gets its own matcher.

@@ -122,14 +122,16 @@ class CompletionBuilder(WireBuilder):
     def usage(self) -> Usage:
         """Each prompt's tokens once (its choices share one prefill), every completion's."""
         seen: set[int] = set()
-        prompt_tokens = completion_tokens = 0
+        prompt_tokens = completion_tokens = cached = written = 0
         for choice in self.choices:
             usage = choice.finished.usage if choice.finished is not None else Usage(0, 0)
             if id(choice.prompt) not in seen:
                 seen.add(id(choice.prompt))
                 prompt_tokens += usage.prompt_tokens
+                cached += usage.cached_tokens
             completion_tokens += usage.completion_tokens
-        return Usage(prompt_tokens, completion_tokens)
+            written += usage.cache_write_tokens
+        return Usage(prompt_tokens, completion_tokens, cached, written)
 
     def end(self) -> list[Event]:
         if not (self.streaming and self.include_usage):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from vllm_mlx.api.errors import bad_request
@@ -16,6 +17,7 @@ from vllm_mlx.api.openai.schema import (
     Tool,
     UsageDict,
 )
+from vllm_mlx.api.pipeline.canonical import canonical_system
 from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
 from vllm_mlx.api.pipeline.structured import ForcedTools
 from vllm_mlx.api.pipeline.turn import Turn
@@ -37,12 +39,18 @@ def _message_text(message: ChatMessage, index: int) -> str | None:
     return "".join(parts)
 
 
-def template_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them (HF conventions, tool calls as objects)."""
+def template_messages(
+    request: ChatCompletionRequest, volatile: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them (HF conventions, tool calls as objects);
+    `volatile` (engine.prompt_canonicalization): the system lines left out."""
     out: list[dict[str, Any]] = []
     for index, message in enumerate(request.messages):
         role = "system" if message.role == "developer" else message.role
-        item: dict[str, Any] = {"role": role, "content": _message_text(message, index) or ""}
+        content = _message_text(message, index) or ""
+        if role == "system":
+            content = canonical_system(content, volatile)
+        item: dict[str, Any] = {"role": role, "content": content}
         if message.name:
             item["name"] = message.name
         if message.tool_calls:
@@ -100,10 +108,14 @@ def template_kwargs(request: ChatCompletionRequest, allow_templates: bool) -> di
 
 
 def chat_prompt_tokens(
-    tokenizer: Any, request: ChatCompletionRequest, kwargs: dict[str, Any] | None = None
+    tokenizer: Any,
+    request: ChatCompletionRequest,
+    kwargs: dict[str, Any] | None = None,
+    volatile: Sequence[str] = (),
 ) -> list[int]:
     """The prompt's token ids; kwargs from template_kwargs (default: none)."""
-    return render_chat(tokenizer, template_messages(request), template_tools(request), kwargs)
+    messages = template_messages(request, volatile)
+    return render_chat(tokenizer, messages, template_tools(request), kwargs)
 
 
 def completion_prompt_tokens(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
@@ -128,6 +140,7 @@ def usage_dict(usage: Usage) -> UsageDict:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 

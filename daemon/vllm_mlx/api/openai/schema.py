@@ -255,10 +255,15 @@ class CompletionRequest(_SamplingFields):
 # --- responses -----------------------------------------------------------------------
 
 
+class PromptTokensDetails(TypedDict):
+    cached_tokens: int  # prompt tokens the prefix cache supplied
+
+
 class UsageDict(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class ErrorBody(TypedDict):

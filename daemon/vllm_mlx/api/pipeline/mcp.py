@@ -61,4 +61,9 @@ async def execute(mcp: McpManager, calls: Sequence[Call]) -> list[ToolResult]:
 
 
 def added(a: Usage, b: Usage) -> Usage:
-    return Usage(a.prompt_tokens + b.prompt_tokens, a.completion_tokens + b.completion_tokens)
+    return Usage(
+        a.prompt_tokens + b.prompt_tokens,
+        a.completion_tokens + b.completion_tokens,
+        a.cached_tokens + b.cached_tokens,
+        a.cache_write_tokens + b.cache_write_tokens,
+    )

@@ -73,6 +73,7 @@ def _log_request(
         model=turn.model_id,
         status=status,
         prompt_tokens=len(request.prompt_tokens),
+        cached_tokens=trace.cached_tokens,
         completion_tokens=finished.usage.completion_tokens if finished else len(trace.token_times),
         finish_reason=finished.reason.value if finished else None,
         ttft_s=round(ttft, 4) if ttft is not None else None,

@@ -303,7 +303,10 @@ class ResponseBuilder(WireBuilder):
         usage = finished.usage
         self.response["usage"] = {
             "input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": usage.cached_tokens,
+                "cache_write_tokens": usage.cache_write_tokens,
+            },
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {
                 "reasoning_tokens": min(

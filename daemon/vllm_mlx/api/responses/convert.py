@@ -10,12 +10,14 @@ ride on the next assistant turn as `reasoning_content`, the key templates read.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from vllm_mlx.api.errors import APIError, bad_request, from_validation_error
+from vllm_mlx.api.pipeline.canonical import canonical_system
 from vllm_mlx.api.pipeline.ids import new_id
 from vllm_mlx.api.responses.schema import (
     ITEM_MODELS,
@@ -157,15 +159,20 @@ class _Conversation:
 
 
 def chat_messages(
-    items: list[dict[str, Any]], instructions: str | None, first_new: int
+    items: list[dict[str, Any]],
+    instructions: str | None,
+    first_new: int,
+    volatile: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Template messages for the stored history plus the new items (from `first_new` on)."""
+    """Template messages for the stored history plus the new items (from `first_new` on);
+    `volatile` (engine.prompt_canonicalization): the system lines left out."""
     conversation = _Conversation(system=[instructions] if instructions else [])
     for index, item in enumerate(items):
         where = f"input[{index - first_new}]" if index >= first_new else "previous_response"
         _add(conversation, item, where)
     messages = conversation.messages
     system = "\n\n".join(text for text in conversation.system if text)
+    system = canonical_system(system, volatile)
     if system:
         messages.insert(0, {"role": "system", "content": system})
     return messages

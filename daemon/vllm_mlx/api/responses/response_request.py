@@ -49,7 +49,8 @@ async def response_generation(
     history = _history(state, turn.settings, body)
     toolset = tools.tool_set(body)
     offered = tools.offered(toolset, body.tool_choice)
-    messages = convert.chat_messages([*history, *items], body.instructions, len(history))
+    volatile = turn.settings.engine.prompt_canonicalization
+    messages = convert.chat_messages([*history, *items], body.instructions, len(history), volatile)
     tokenizer = turn.tokenizer
     # Agent prompts run to thousands of tokens: rendered off the event loop, time-bounded.
     prompt = await turn.prompt(

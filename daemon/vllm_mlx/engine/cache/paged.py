@@ -149,13 +149,13 @@ class PagedPrefixCache(PrefixCache):
             caches.append(cache)
         return caches
 
-    def store(self, tokens: Sequence[int], cache: list[Any]) -> None:
+    def store(self, tokens: Sequence[int], cache: list[Any]) -> range:
         """Keep the whole blocks of a finished sequence that are not cached yet."""
         if not (self.enabled and tokens):
-            return
+            return range(0)
         if not _sliceable(cache):
             self.stats.rejected += 1
-            return
+            return range(0)
         size = self.block_tokens
         length = min(len(tokens), *(int(layer.offset) for layer in cache))
         keys = block_keys(tokens, length // size, size)
@@ -163,7 +163,7 @@ class PagedPrefixCache(PrefixCache):
         self._touch(keys[:present])
         new = self._fitting(keys[:present], keys[present:], self._block_bytes(cache))
         if not new:
-            return
+            return range(0)
         blocks = [
             self._slice(cache, tokens, keys[present + i - 1] if present + i else b"", present + i)
             for i in range(len(new))
@@ -176,6 +176,7 @@ class PagedPrefixCache(PrefixCache):
             self._children.setdefault(block.parent, set()).add(key)
             self._nbytes += block.nbytes
         self._touch(keys[:present])
+        return range(present * size, (present + len(new)) * size)
 
     def _block_bytes(self, cache: list[Any]) -> int:
         per_token = sum(

@@ -70,7 +70,9 @@ class PrefixCache:
     def lookup(self, prompt: Sequence[int]) -> PrefixHit:
         raise NotImplementedError
 
-    def store(self, tokens: Sequence[int], cache: list[Any]) -> None:
+    def store(self, tokens: Sequence[int], cache: list[Any]) -> range:
+        """Keep a finished sequence's cache; returns the positions in `tokens` whose KV
+        this store newly wrote (empty: nothing new), so a request can say what it cached."""
         raise NotImplementedError
 
     def held_bytes(self) -> int:
@@ -145,7 +147,7 @@ class PromptCache(PrefixCache):
         self._count(tokens, hit.cached)
         return hit
 
-    def store(self, tokens: Sequence[int], cache: list[Any]) -> None:
+    def store(self, tokens: Sequence[int], cache: list[Any]) -> range:
         """Keep a finished sequence's cache; `tokens` are exactly what it holds.
 
         A cache taken from a batch is a lazy slice of the whole batch's KV buffers:
@@ -154,14 +156,15 @@ class PromptCache(PrefixCache):
         Evaluating it here gives each entry its own buffers of exactly the size counted.
         """
         if not (self.enabled and tokens):
-            return
+            return range(0)
         mx.eval([layer.state for layer in cache])
         size = sum(int(layer.nbytes) for layer in cache)
         if size > self.max_bytes:
             self.stats.rejected += 1
-            return
+            return range(0)
         # Evict first, so the bound holds at every moment, not only after the insert.
         before = len(self._lru)
         self._lru.trim_to(n_sequences=self.max_entries - 1, n_bytes=self.max_bytes - size)
         self.stats.evictions += before - len(self._lru)
         self._lru.insert_cache(_MODEL_KEY, list(tokens), cache)
+        return range(len(tokens))  # a whole copy of the sequence, prefix and all
