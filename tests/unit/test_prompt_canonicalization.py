@@ -67,3 +67,38 @@ def test_a_bad_pattern_is_an_error_at_its_line(tmp_path: Path) -> None:
     ((line, key, message),) = issues_of(path)
     assert (line, key) == (4, "engine.prompt_canonicalization[1]")
     assert "not a regular expression" in message
+
+
+def test_openai_responses_and_ollama_system_text_lose_the_line_too() -> None:
+    from vllm_mlx.api.ollama import convert as ollama_convert
+    from vllm_mlx.api.ollama.schema import ChatRequest
+    from vllm_mlx.api.openai import convert as openai_convert
+    from vllm_mlx.api.openai.schema import ChatCompletionRequest
+    from vllm_mlx.api.responses import convert as responses_convert
+
+    def chat(header: str, role: str = "system") -> Any:
+        body = {
+            "model": "m",
+            "messages": [
+                {"role": role, "content": f"{header}\n{AGENT}"},
+                {"role": "user", "content": f"{header}\nFix it."},
+            ],
+        }
+        return body
+
+    for role in ("system", "developer"):
+        rendered = [
+            openai_convert.template_messages(
+                ChatCompletionRequest.model_validate(chat(h, role)), DEFAULT
+            )
+            for h in (SESSION_A, SESSION_B)
+        ]
+        assert rendered[0][0] == rendered[1][0] == {"role": "system", "content": AGENT}
+        assert rendered[0][1]["content"] == f"{SESSION_A}\nFix it."  # the user's text stays
+    ollama = ollama_convert.template_messages(ChatRequest.model_validate(chat(SESSION_A)), DEFAULT)
+    assert ollama[0]["content"] == AGENT and SESSION_A in ollama[1]["content"]
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]
+    messages = responses_convert.chat_messages(items, f"{SESSION_B}\n{AGENT}", 0, DEFAULT)
+    assert messages[0] == {"role": "system", "content": AGENT}
+    kept = responses_convert.chat_messages(items, f"{SESSION_B}\n{AGENT}", 0, [])
+    assert kept[0]["content"] == f"{SESSION_B}\n{AGENT}"
