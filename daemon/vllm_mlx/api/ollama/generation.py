@@ -63,7 +63,7 @@ async def ollama_generation(
     sampling = convert.sampling(turn, body.options)
     max_tokens = turn.allowed_tokens(prompt, convert.max_tokens(turn, body.options))
     constraint = await structured.request_constraint(
-        turn, prompt, convert.output_constraint(body.format), None, "format"
+        turn, prompt, convert.output_constraint(body.format), None
     )
     plan = RequestPlan(max_tokens, sampling, convert.stop(body.options), constraint=constraint)
     gen = turn.request(new_id(f"ollama-{kind}-"), prompt, plan)

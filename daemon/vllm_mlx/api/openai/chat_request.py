@@ -55,7 +55,7 @@ async def chat_generation(
     # Every choice shares the constraint; each gets its own matcher.
     forced = convert.forced_tools(body) if structured.enabled(turn) else None
     constraint = await structured.request_constraint(
-        turn, prompt, convert.output_constraint(body), forced, "an output format"
+        turn, prompt, convert.output_constraint(body), forced
     )
     plan = RequestPlan(
         max_tokens,

@@ -68,15 +68,18 @@ async def request_constraint(
     prompt: Prompt,
     constraint: Constraint | None,
     forced: ForcedTools | None,
-    format_field: str,
 ) -> TokenConstraint | None:
-    """The request's output format, or its forced tool choice, compiled and bound:
-    never both, as the calls' grammar and the format's would contradict each other."""
+    """The request's output format, or its forced tool choice, compiled and bound.
+
+    With both (the OpenAI Agents SDK sends `tool_choice: required` with its
+    `output_type`, instructor's tools modes the same), this turn must be a call, so the
+    calls' grammar applies; the format is still compiled, so a bad one is a 400 now, and
+    it constrains the text turn that follows the tool results, where clients no longer
+    force a call.
+    """
     if forced is not None:
         if constraint is not None:
-            raise bad_request(
-                f"a forced tool_choice cannot be combined with {format_field}", constraint.param
-            )
+            await bound(turn, prompt, constraint)  # checked: its errors name the format
         return await calls_constraint(turn, prompt, forced)
     if constraint is not None:
         return await bound(turn, prompt, constraint)

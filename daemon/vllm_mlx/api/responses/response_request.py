@@ -63,7 +63,7 @@ async def response_generation(
     # text.format's constraint; a forced tool choice gets its own call reader.
     forced = tools.forced(body, toolset, offered) if structured.enabled(turn) else None
     constraint = await structured.request_constraint(
-        turn, prompt, convert.output_constraint(body), forced, "a text.format"
+        turn, prompt, convert.output_constraint(body), forced
     )
     gen = turn.request(request_id, prompt, RequestPlan(max_tokens, sampling, constraint=constraint))
     parser = structured.output_parser(turn, prompt, forced, offered.specs or None)
