@@ -5,6 +5,7 @@ with the official ollama client and plain HTTP: every refusal in Ollama's shape
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,13 +158,71 @@ def test_leaving_a_stream_aborts_its_generation(keyed: DaemonProcess) -> None:
     assert statuses[request_id] == 499
 
 
-def test_the_root_probe_needs_the_key_like_every_other_path(keyed: DaemonProcess) -> None:
-    """Deny by default: with keys set, only /health is open, so GET / needs one too
-    (an app configured with the key gets "Ollama is running")."""
-    assert httpx.get(keyed.base_url + "/", timeout=30).status_code == 401
-    headers = {"Authorization": f"Bearer {KEY}"}
-    response = httpx.get(keyed.base_url + "/", headers=headers, timeout=30)
+def test_the_root_probe_answers_without_a_key(keyed: DaemonProcess) -> None:
+    """Clients probe the root before anything else (Ollama apps, uptime checks): GET and
+    HEAD / answer 200 with keys set, and say only that the daemon runs."""
+    response = httpx.get(keyed.base_url + "/", timeout=30)
     assert response.status_code == 200 and response.text == "Ollama is running"
+    head = httpx.head(keyed.base_url + "/", timeout=30)
+    assert head.status_code == 200 and head.content == b""
+    # Nothing else opened with it.
+    assert httpx.get(keyed.base_url + "/api/tags", timeout=30).status_code == 401
+    assert httpx.get(keyed.base_url + "/v1/models", timeout=30).status_code == 401
+
+
+def refusals(daemon: DaemonProcess) -> list[dict[str, Any]]:
+    out = []
+    for line in daemon.log_text().splitlines():
+        if '"refused"' in line:
+            with contextlib.suppress(json.JSONDecodeError):
+                record = json.loads(line)
+                if record.get("event") == "refused":
+                    out.append(record)
+    return out
+
+
+def test_every_4xx_answer_is_one_log_line_without_body_or_key(keyed: DaemonProcess) -> None:
+    secret = "sk-not-the-key-4242"
+    url = keyed.base_url
+    good = {"Authorization": f"Bearer {KEY}"}
+    before = len(refusals(keyed))
+    sent = [
+        httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {secret}"}, timeout=30),
+        httpx.post(
+            f"{url}/v1/chat/completions",
+            # Refused after the model is resolved: client templates are off by default.
+            json={"model": "default", "messages": [{"role": "user", "content": secret}],
+                  "chat_template": "{{ messages }}"},
+            headers=good, timeout=30,
+        ),
+        httpx.post(
+            f"{url}/v1/messages",
+            json={"model": "nope", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]},
+            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"}, timeout=30,
+        ),
+        httpx.post(f"{url}/api/chat", json={"model": "default", "messages": [],
+                   "keep_alive": "soon"}, headers=good, timeout=30),
+        httpx.get(f"{url}/v1/no-such-route", headers=good, timeout=30),
+    ]  # fmt: skip
+    assert [r.status_code for r in sent] == [401, 400, 404, 400, 404]
+
+    def logged() -> list[dict[str, Any]] | None:
+        found = refusals(keyed)[before:]
+        return found if len(found) >= len(sent) else None
+
+    lines = wait_for(logged, 30, "the refusal log lines")
+    assert [line["status"] for line in lines] == [401, 400, 404, 400, 404]
+    by_status = {(line["status"], line["route"]): line for line in lines}
+    chat = by_status[(400, "/v1/chat/completions")]
+    assert chat["model"] == "default" and chat["error_type"] == "invalid_request_error"
+    assert "chat_template" in chat["message"]
+    assert by_status[(404, "/v1/messages")]["error_type"] == "not_found_error"
+    assert "keep_alive" in by_status[(400, "/api/chat")]["message"]
+    assert by_status[(401, "/v1/models")]["peer"] == "127.0.0.1"
+    assert all(line["method"] in ("GET", "POST") and line["message"] for line in lines)
+    # Neither the body nor a key, presented or configured, reaches the log.
+    text = keyed.log_text()
+    assert secret not in text and KEY not in text
 
 
 # --- rate limits, body limits, the server timeout ----------------------------------------

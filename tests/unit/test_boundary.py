@@ -34,9 +34,10 @@ def test_every_path_but_the_open_ones_needs_a_key() -> None:
     settings = Settings()
     closed = Settings(auth={"metrics_require_key": True})
     assert not boundary.needs_key("/health", settings)
+    assert not boundary.needs_key("/", settings)  # the root probe says only "running"
     assert not boundary.needs_key("/metrics", settings)
     assert boundary.needs_key("/metrics", closed)
-    for path in ("/v1/models", "/V1/models", "/./v1/models", "/anything", "/"):
+    for path in ("/v1/models", "/V1/models", "/./v1/models", "/anything", "/api", "/v1"):
         assert boundary.needs_key(path, settings), path
 
 

@@ -63,6 +63,24 @@ def server_state(request: Request[Any, Any, Any]) -> ServerState:
 SETTINGS_KEY = "vllm_mlx.settings"
 
 
+NOTE_KEY = "vllm_mlx.note"  # a dict in the ASGI scope that handlers add facts to
+
+
+def open_note(scope: Any) -> dict[str, Any]:
+    """A fresh note for this request (the refusal log line reads it); copies of the
+    scope share it."""
+    note: dict[str, Any] = {}
+    cast(dict[str, Any], scope)[NOTE_KEY] = note
+    return note
+
+
+def note_model(scope: Any, model_id: str) -> None:
+    """The model the request named, once it is known to be served."""
+    note = cast(dict[str, Any], scope).get(NOTE_KEY)
+    if isinstance(note, dict):
+        note["model"] = model_id
+
+
 def remember_settings(scope: Any, settings: Settings) -> None:
     """The edge middleware's one read of the settings, kept for everything after it."""
     cast(dict[str, Any], scope)[SETTINGS_KEY] = settings

@@ -22,7 +22,9 @@ from vllm_mlx.api.errors import APIError
 from vllm_mlx.config.settings import Settings
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-OPEN_PATHS = frozenset({"/health"})  # no key ever; /metrics unless metrics_require_key
+# No key ever: health checks, and the root that clients probe (it says only that the
+# daemon runs); /metrics unless metrics_require_key.
+OPEN_PATHS = frozenset({"/", "/health"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MIB = 1024 * 1024
 

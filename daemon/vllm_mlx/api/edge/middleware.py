@@ -17,18 +17,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-import structlog
-
 from vllm_mlx.api.edge import boundary, cors
 from vllm_mlx.api.edge.auth import authenticate, is_api_path, protocol_of
 from vllm_mlx.api.edge.limits import RateLimiter, client_id, retry_after_header
+from vllm_mlx.api.edge.refusals import BodyCapture, log_refusal
 from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.state import ServerState, remember_settings
+from vllm_mlx.api.state import ServerState, open_note, remember_settings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.fleet.leases import release_all, request_leases
-
-log = structlog.get_logger("vllm_mlx.requests")
 
 # Plain ASGI shapes: Litestar's TypedDicts cover every scope type and get in the way here.
 Scope = MutableMapping[str, Any]
@@ -66,8 +63,10 @@ class _Response:
         self._extra = extra_headers
         self.cors = bool(extra_headers)  # the origin is permitted
         self.status = 0
+        self.capture = BodyCapture()  # a 4xx body, for the refusal log line
 
     async def __call__(self, message: Message) -> None:
+        self.capture.see(message)
         if message["type"] == "http.response.start":
             self.status = message["status"]
             if self._extra:
@@ -92,9 +91,13 @@ class OpsMiddleware:
         headers = _headers(scope)
         origin = cors.allowed_origin(headers.get("origin"), settings.server.cors_origins)
         response = _Response(send, cors.response_headers(origin) if origin else [])
+        note = open_note(scope)
         try:
             await self._handle(scope, receive, response, headers, settings)
         finally:
+            client = scope.get("client")
+            peer = str(client[0]) if client else None
+            log_refusal(response.capture, self._route(scope), scope["method"], note, peer)
             self.state.metrics.http_request(
                 self._route(scope),
                 scope["method"],
@@ -172,9 +175,8 @@ class OpsMiddleware:
         result = authenticate(headers, auth.api_keys)
         client = scope.get("client")
         peer = str(client[0]) if client else None
-        if result.refusal is not None:
+        if result.refusal is not None:  # logged with every 4xx (refusals.py)
             self.state.metrics.unauthorized.labels(result.reason).inc()
-            log.info("refused", status=401, path=path, reason=result.reason, peer=peer)
             return result.refusal
         if auth.rate_limit <= 0 or not is_api_path(path):
             return None
@@ -183,7 +185,6 @@ class OpsMiddleware:
             return None
         self.state.metrics.rate_limited.inc()
         retry = retry_after_header(wait)
-        log.info("refused", status=429, path=path, retry_after_s=retry, peer=peer)
         return APIError(
             429,
             f"Rate limit of {auth.rate_limit} requests per minute exceeded; retry in {retry} s.",

@@ -18,7 +18,7 @@ from litestar import Request
 from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.pipeline.acquire import acquire, served_entry
 from vllm_mlx.api.pipeline.offload import off_loop
-from vllm_mlx.api.state import request_settings, server_state
+from vllm_mlx.api.state import note_model, request_settings, server_state
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.engine import Engine
@@ -164,6 +164,7 @@ async def resolve_turn(request: Request[Any, Any, Any], model_id: str, route: st
     state = server_state(request)
     settings = request_settings(request)
     entry = served_entry(state, model_id)
+    note_model(request.scope, model_id)
     if entry.settings.task == "embed":
         raise bad_request(
             f"model '{model_id}' is an embedding model: it serves POST /v1/embeddings only, "
