@@ -41,6 +41,10 @@ STEP_MS = 100
 LISTENER_KEYS = frozenset({"server.host", "server.port"})
 DEBOUNCE_MS = 300
 WATCH_RETRY_S = 1.0  # after the watcher itself failed (a watched directory vanished)
+# The file is also re-read this often without an event: a write between one watch's end
+# and the next one's inotify setup (a directory recreated, a link re-pointed) has no
+# event of its own, and would otherwise wait for the next edit. One small read a second.
+RECHECK_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -339,6 +343,8 @@ async def _watch_once(
         debounce=DEBOUNCE_MS,
         stop_event=stop,
         recursive=False,
+        rust_timeout=RECHECK_MS,
+        yield_on_timeout=True,  # an empty batch: re-read anyway (RECHECK_MS)
     ):
         _changed(path, on_change, last)
         if watched_dirs(path) != dirs or _dir_ids(dirs) != ids:
