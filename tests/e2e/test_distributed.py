@@ -8,10 +8,12 @@ The group serves the bundled model as float32; the reference is the single-proce
 daemon with the same dtype. Generations are short: on a 2-core machine 3 ranks share
 2 cores, every ring collective costs tens of milliseconds (MLX's ring polls its sockets
 from threads) and a step has 61 of them (30 layers x 2 all_sums, plus the token share),
-so a step takes seconds. The full comparison (10 prompts at concurrency 4, streaming on
-both APIs) on this model runs with VLLM_MLX_TEST_DISTRIBUTED=1; by default a smaller one
-does. test_distributed_tiny.py runs the full one by default on tiny models, at 2 and 3
-ranks, with pipeline parallelism and a model reload.
+so a step takes seconds. The comparisons with the single-process daemon on this model
+(two chats at once; 10 prompts at concurrency 4, streaming on both APIs) run with
+VLLM_MLX_TEST_DISTRIBUTED=1; by default this module checks what only the real model's
+group shows (shared sampling, the grammar on rank 0, status, reload, stop, a killed
+rank). test_distributed_tiny.py runs the full comparison by default on tiny models, at
+2 and 3 ranks, with pipeline parallelism and a model reload.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def _follower_records(daemon: DaemonProcess, request_id: str) -> list[dict[str, 
     return mine
 
 
+@full_only  # test_distributed_tiny.py compares greedy outputs at 2 and 3 ranks by default
 def test_two_concurrent_greedy_chats_match_the_single_process_daemon(
     group: DaemonProcess, reference: DaemonProcess
 ) -> None:

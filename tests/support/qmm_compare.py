@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# Ten prompts of different kinds (questions, lists, translation, arithmetic): each runs
+# unbatched on both paths, so each one costs seconds of the CI run on 2 cores.
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -20,20 +22,10 @@ PROMPTS = [
     "List three prime numbers.",
     "Translate 'good morning' into Spanish.",
     "What is 12 times 7?",
-    "Name a famous painter.",
     "Why is the sky blue?",
-    "Give me a synonym for happy.",
-    "What does a CPU do?",
     "Tell me a fun fact about cats.",
-    "How many days are in a leap year?",
-    "What is the boiling point of water?",
-    "Suggest a name for a pet fish.",
     "Summarise the plot of Cinderella.",
-    "What is Python used for?",
-    "Describe the colour green.",
     "Who wrote Romeo and Juliet?",
-    "What is the largest planet?",
-    "Say hello in French.",
 ]
 NEW_TOKENS = 8
 
