@@ -84,6 +84,9 @@ def base_config(port: int, cache_dir: Path) -> dict[str, Any]:
         "server": {"host": "127.0.0.1", "port": port},
         "paths": {"cache_dir": str(cache_dir)},
         "logging": {"format": "json"},
+        # The model cache directory is shared by every test daemon: a disk tier there
+        # would let one test's prompts warm another's. The tests of the tier turn it on.
+        "engine": {"disk_cache_mb": 0},
     }
 
 

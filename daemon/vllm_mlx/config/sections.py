@@ -134,6 +134,16 @@ class EngineSettings(Section):
         "entry per finished prompt. Models whose KV cache cannot be sliced (sliding "
         "window, state space) always use the latter.",
     )
+    disk_cache_mb: int = setting(
+        4096,
+        Reload.MODEL,
+        "Most disk each model's prefix cache may use below its memory (the paged cache's "
+        "blocks, written as they are stored, read back on a memory miss, least recently "
+        "used out first), in MiB, under `paths.cache_dir`/prefix-cache: so an agent's "
+        "prefix seen before a restart is not prefilled again after it. Entries are keyed "
+        "by the model's files and dtypes, checksummed, and a bad one is dropped. 0 = off.",
+        ge=0,
+    )
     prefix_cache_mb: int | None = setting(
         None,
         Reload.MODEL,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+from vllm_mlx.engine.cache.disk import DiskBlockStore, model_identity
 from vllm_mlx.engine.constraints import ConstraintCompiler
 from vllm_mlx.engine.scheduler import Scheduler, SchedulerConfig
 from vllm_mlx.engine.types import (
@@ -32,6 +33,7 @@ class Engine:
             config,
             name=f"engine-{loaded.name}",
             lockstep=loaded.lockstep,
+            disk=_disk_tier(loaded, config),
         )
         # The Hugging Face tokenizer inside mlx-lm's wrapper; llguidance reads its table.
         hf_tokenizer = getattr(loaded.tokenizer, "_tokenizer", loaded.tokenizer)
@@ -104,3 +106,17 @@ class Engine:
                 # Consumer left (disconnect, stop string, timeout): free the slot now.
                 with contextlib.suppress(Exception):
                     self.scheduler.abort(request.request_id, FinishReason.ABORT)
+
+
+def _disk_tier(loaded: LoadedModel, config: SchedulerConfig) -> Callable[[], DiskBlockStore] | None:
+    """Opens the model's disk tier, in a directory of its own identity; none for a
+    distributed group (every rank would need the same blocks) or when it is off."""
+    directory = config.disk_cache_dir
+    if not config.disk_cache_bytes or directory is None or loaded.lockstep is not None:
+        return None
+
+    def open_store() -> DiskBlockStore:
+        identity = model_identity(loaded.directory, loaded.model)
+        return DiskBlockStore(directory / identity, config.disk_cache_bytes)
+
+    return open_store

@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -18,6 +19,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.batch_generator import LeanBatchGenerator
+from vllm_mlx.engine.cache.disk import DiskBlockStore
 from vllm_mlx.engine.cache.factory import make_prefix_cache
 from vllm_mlx.engine.fleet.heap import release_free_memory
 from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
@@ -67,13 +69,16 @@ class Scheduler:
         name: str = "engine",
         vocab_size: int | None = None,
         lockstep: Lockstep | None = None,
+        disk: Callable[[], DiskBlockStore] | None = None,
     ) -> None:
         self._model = model
         self.lockstep = lockstep
         if lockstep is not None:
             lockstep.bind(self.fail_in_flight)
         self.vocab_size = vocab_size if vocab_size is not None else vocab_size_of(model)
-        self.prefix_cache = make_prefix_cache(model, config.prefix_cache_bytes, config.paged_cache)
+        self.prefix_cache = make_prefix_cache(
+            model, config.prefix_cache_bytes, config.paged_cache, disk
+        )
         self._eos = eos_token_ids
         self._config = config
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
@@ -159,6 +164,7 @@ class Scheduler:
                     sync.failed(str(exc))
                 self._fail_all(f"engine error: {exc}")
         self._fail_all("the engine stopped", FinishReason.ABORT)
+        self.prefix_cache.close()  # the disk tier's queued writes land first
         if sync is not None:
             sync.stopped()
 

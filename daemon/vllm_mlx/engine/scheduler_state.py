@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
@@ -92,6 +93,8 @@ class SchedulerConfig:
     prefill_step_size: int = 512
     prefix_cache_bytes: int = 0  # 0 = no prefix cache
     paged_cache: bool = False  # token-block prefix cache (engine/cache/paged.py)
+    disk_cache_bytes: int = 0  # the paged cache's disk tier, per model (0 = off)
+    disk_cache_dir: Path | None = None  # where each model's tier gets its own directory
 
 
 @dataclass
@@ -132,19 +135,26 @@ def describe(slot: Slot, now: float) -> dict[str, Any]:
     }
 
 
-def scheduler_config(engine: EngineSettings) -> SchedulerConfig:
-    """The engine section as the scheduler takes it (the cache bound resolved in bytes)."""
+def scheduler_config(engine: EngineSettings, cache_dir: Path | None = None) -> SchedulerConfig:
+    """The engine section as the scheduler takes it (the cache bound resolved in bytes);
+    `cache_dir`: paths.cache_dir, under which the disk tier lives (None: no disk tier)."""
     cache_bytes = engine.prefix_cache_bytes(psutil.virtual_memory().total)
     paged = engine.use_paged_cache
+    disk_bytes = engine.disk_cache_mb * 2**20 if cache_dir is not None else 0
+    disk_dir = cache_dir / "prefix-cache" if cache_dir is not None else None
     if not engine.continuous_batching:
         # Simple mode: one sequence at a time; the rest wait in the generator's queue.
-        return SchedulerConfig(1, 1, engine.prefill_step_size, cache_bytes, paged)
+        return SchedulerConfig(
+            1, 1, engine.prefill_step_size, cache_bytes, paged, disk_bytes, disk_dir
+        )
     return SchedulerConfig(
         engine.max_batch_size,
         engine.prefill_batch_size,
         engine.prefill_step_size,
         cache_bytes,
         paged,
+        disk_bytes,
+        disk_dir,
     )
 
 

@@ -86,7 +86,9 @@ class Daemon:
         self.config_path = loaded.path
         self.watch_path = watch_path or loaded.path
         settings = loaded.settings
-        self.registry = ModelRegistry(settings.models, scheduler_config(settings.engine))
+        self.registry = ModelRegistry(
+            settings.models, scheduler_config(settings.engine, settings.resolved_cache_dir())
+        )
         self.state = ServerState(settings, self.registry, config_path=loaded.path)
         self.residency = ModelManager(
             self.registry,
@@ -239,7 +241,7 @@ class Daemon:
             return
         # A model-level key outside `models` (engine, paths) changes every engine.
         reuse = all(c.key.startswith("models") for c in changes if c.kind is Reload.MODEL)
-        config = scheduler_config(new.engine)
+        config = scheduler_config(new.engine, new.resolved_cache_dir())
         planned = self.registry.to_load(new.models, reuse)
         # The new engines load beside the serving ones: the budget must hold both. (A
         # distributed group re-shards in prepare: group_reload fails it if a later step does.)
@@ -265,7 +267,9 @@ class Daemon:
 
     def _swap_engines(self, entries: dict[str, ModelEntry], new: Settings) -> None:
         mark = self.tracker.mark()
-        retired = self.registry.swap(entries, new.models, scheduler_config(new.engine))
+        retired = self.registry.swap(
+            entries, new.models, scheduler_config(new.engine, new.resolved_cache_dir())
+        )
         for entry in entries.values():
             self.residency.add_model(entry.settings.name)
         self.residency.reschedule_all()

@@ -6,10 +6,12 @@ prefix.py's interface.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from vllm_mlx.engine.cache.disk import DiskBlockStore
 from vllm_mlx.engine.cache.paged import PagedPrefixCache
 from vllm_mlx.engine.cache.prefix import PrefixCache, PromptCache
 
@@ -22,8 +24,11 @@ def pageable(model: Any) -> bool:
     return all(type(layer) is KVCache for layer in make_prompt_cache(model))
 
 
-def make_prefix_cache(model: Any, max_bytes: int, paged: bool) -> PrefixCache:
-    """The engine's cache: paged when asked and the model's cache can be paged."""
+def make_prefix_cache(
+    model: Any, max_bytes: int, paged: bool, disk: Callable[[], DiskBlockStore] | None = None
+) -> PrefixCache:
+    """The engine's cache: paged when asked and the model's cache can be paged, with the
+    disk tier below it when `disk` opens one (only blocks have a disk format)."""
     if paged and max_bytes > 0 and pageable(model):
-        return PagedPrefixCache(max_bytes)
+        return PagedPrefixCache(max_bytes, disk=disk() if disk is not None else None)
     return PromptCache(max_bytes)

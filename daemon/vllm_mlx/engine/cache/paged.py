@@ -27,6 +27,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from vllm_mlx.engine.cache.disk import DiskBlockStore, as_disk_block
 from vllm_mlx.engine.cache.prefix import PrefixCache, PrefixHit
 
 # Tokens per block: smaller blocks reuse more of a divergent prompt, larger ones mean
@@ -69,9 +70,12 @@ def _sliceable(cache: list[Any]) -> bool:
 class PagedPrefixCache(PrefixCache):
     kind = "paged"
 
-    def __init__(self, max_bytes: int, block_tokens: int = BLOCK_TOKENS) -> None:
+    def __init__(
+        self, max_bytes: int, block_tokens: int = BLOCK_TOKENS, disk: DiskBlockStore | None = None
+    ) -> None:
         super().__init__(max_bytes)
         self.block_tokens = block_tokens
+        self.disk = disk  # the tier below: read on a memory miss, written on every store
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()  # least recent first
         self._children: dict[bytes, set[bytes]] = {}  # parent key -> its cached blocks
         self._nbytes = 0
@@ -107,6 +111,8 @@ class PagedPrefixCache(PrefixCache):
         usable = (len(tokens) - 1) // self.block_tokens
         keys = block_keys(tokens, usable, self.block_tokens)
         found = keys[: self._present(keys)]
+        if self.disk is not None and len(found) < len(keys):
+            found = self._from_disk(keys, found, tokens)
         whole = len(found) * self.block_tokens
         # The next block may still share its first tokens with the prompt: take those too,
         # so a repeat reuses exactly the KV its first run computed (seeded sampling then
@@ -120,6 +126,34 @@ class PagedPrefixCache(PrefixCache):
             hit = PrefixHit(self._assemble(chain, cached), cached, tokens[cached:])
         self._count(tokens, hit.cached)
         return hit
+
+    def _from_disk(self, keys: list[bytes], found: list[bytes], tokens: list[int]) -> list[bytes]:
+        """`found` extended by the chain's next blocks read from disk, each placed in
+        memory too (beside the chain, within the bound: never evicting the chain)."""
+        assert self.disk is not None
+        self._touch(found)
+        room = self.max_bytes - sum(self._blocks[key].nbytes for key in found)
+        size = self.block_tokens
+        chain = list(found)
+        for index in range(len(found), len(keys)):
+            wanted = tokens[index * size : (index + 1) * size]
+            stored = self.disk.get(keys[index], wanted)
+            if stored is None:
+                break
+            nbytes = int(stored.keys.nbytes + stored.values.nbytes)
+            if nbytes > room:
+                break
+            room -= nbytes
+            self._evict(nbytes, keep=set(chain))
+            mx.eval(stored.keys, stored.values)
+            parent = chain[-1] if chain else b""
+            block = _Block(stored.keys, stored.values, nbytes, parent, tuple(wanted))
+            self._blocks[keys[index]] = block
+            self._children.setdefault(parent, set()).add(keys[index])
+            self._nbytes += nbytes
+            self.stats.disk_hit_tokens += size
+            chain.append(keys[index])
+        return chain
 
     def _partial(self, parent: bytes, wanted: list[int]) -> tuple[bytes | None, int]:
         """The child of `parent` sharing the most leading tokens with `wanted`, and how many."""
@@ -176,6 +210,8 @@ class PagedPrefixCache(PrefixCache):
             self._children.setdefault(block.parent, set()).add(key)
             self._nbytes += block.nbytes
         self._touch(keys[:present])
+        if self.disk is not None:
+            self._to_disk(list(zip(new, blocks, strict=True)))
         return range(present * size, (present + len(new)) * size)
 
     def _block_bytes(self, cache: list[Any]) -> int:
@@ -202,10 +238,47 @@ class PagedPrefixCache(PrefixCache):
         size = int(keys.nbytes + values.nbytes)
         return _Block(keys, values, size, parent, tuple(tokens[start:end]))
 
-    def _evict(self, needed: int) -> None:
-        """Drop least recently used blocks until `needed` more bytes fit the bound."""
+    def _to_disk(self, blocks: list[tuple[bytes, _Block]]) -> None:
+        """Queue new blocks for the disk tier; the writer thread only copies bytes."""
+        assert self.disk is not None
+        queued = [
+            (key, as_disk_block(block.keys, block.values, block.parent, block.tokens))
+            for key, block in blocks
+            if key not in self.disk
+        ]
+        mx.eval([(stored.keys, stored.values) for _, stored in queued])
+        for key, stored in queued:
+            self.disk.put(key, stored)
+
+    def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        if self.disk is not None:
+            out["disk"] = {**self.disk.summary(), "hit_tokens": self.stats.disk_hit_tokens}
+        return out
+
+    def clear(self) -> int:
+        """Drop every block (the memory tier); returns how many."""
+        count = len(self._blocks)
+        self._blocks.clear()
+        self._children.clear()
+        self._nbytes = 0
+        return count
+
+    def _evict(self, needed: int, keep: set[bytes] | None = None) -> None:
+        """Drop least recently used blocks until `needed` more bytes fit the bound
+        (never one of `keep`: the chain being assembled)."""
         while self._blocks and self._nbytes + needed > self.max_bytes:
-            key, block = self._blocks.popitem(last=False)
+            key = next(iter(self._blocks))
+            if keep and key in keep:
+                self._blocks.move_to_end(key)  # it is in use: the next oldest goes
+                if all(k in keep for k in self._blocks):
+                    return
+                continue
+            block = self._blocks.pop(key)
             siblings = self._children.get(block.parent)
             if siblings is not None:
                 siblings.discard(key)

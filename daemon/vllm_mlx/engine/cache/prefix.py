@@ -33,6 +33,7 @@ class PrefixCacheStats:
     hit_tokens: int = 0
     evictions: int = 0  # entries (whole prompts, or blocks when paged) evicted for room
     rejected: int = 0  # stores refused: larger than the whole bound, or an unpageable cache
+    disk_hit_tokens: int = 0  # of hit_tokens, those read back from the disk tier
 
     @property
     def misses(self) -> int:
@@ -78,6 +79,13 @@ class PrefixCache:
     def held_bytes(self) -> int:
         """The bytes of the arrays actually held, recounted (an audit of `nbytes`)."""
         raise NotImplementedError
+
+    def clear(self) -> int:
+        """Drop every entry of the memory tier; returns how many."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The engine stopped (a tier below may finish its writes)."""
 
     def summary(self) -> dict[str, Any]:
         """The `cache` block of /v1/status."""
@@ -128,6 +136,11 @@ class PromptCache(PrefixCache):
             for model, tokens in queue
         ]
         return sum(int(layer.nbytes) for entry in entries for layer in entry.prompt_cache)
+
+    def clear(self) -> int:
+        count = len(self._lru)
+        self._lru = LRUPromptCache(max_size=self.max_entries, max_bytes=self.max_bytes)
+        return count
 
     def lookup(self, prompt: Sequence[int]) -> PrefixHit:
         tokens = list(prompt)
