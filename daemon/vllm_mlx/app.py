@@ -9,6 +9,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 from vllm_mlx.api.anthropic.routes import make_anthropic_router
+from vllm_mlx.api.cache_routes import make_cache_router
 from vllm_mlx.api.edge.auth import is_api_path, protocol_of
 from vllm_mlx.api.edge.boundary import route_path
 from vllm_mlx.api.error_shapes import error_response
@@ -50,6 +51,7 @@ def create_app(state: ServerState) -> Litestar:
             make_tokenize_router(),
             make_responses_router(),
             make_ollama_router(),
+            make_cache_router(),
         ],
         state=State({"server": state}),
         exception_handlers={Exception: _plain_error},

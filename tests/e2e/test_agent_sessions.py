@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -178,6 +179,35 @@ def test_a_restart_with_the_disk_tier_serves_the_prefix_from_disk(
     with running(tmp_path / "second", cache, config) as daemon:
         prompt, read, text = greedy_turn(daemon, SESSIONS[1])
         disk = status(daemon)["models"][0]["cache"]["disk"]
+        check_the_cache_endpoints(daemon, cache)
     assert read > 0.9 * prompt, (read, prompt)
     assert text == cold_text
     assert disk["reads"] > 0 and disk["corrupt"] == 0
+
+
+def check_the_cache_endpoints(daemon: DaemonProcess, cache: Path) -> None:
+    """GET /v1/cache/stats and DELETE /v1/cache, one tier then both."""
+    url = f"{daemon.base_url}/v1/cache"
+
+    def stats() -> dict[str, Any]:
+        response = httpx.get(f"{url}/stats", params={"model": MODEL}, timeout=30)
+        assert response.status_code == 200, response.text
+        (block,) = response.json()["data"]
+        assert block["model"] == MODEL
+        return dict(block)
+
+    before = stats()
+    assert before["memory"]["entries"] > 0 and before["disk"]["entries"] > 0
+    assert before["memory"]["type"] == "paged" and before["disk"]["reads"] > 0
+    bad = httpx.delete(url, params={"tier": "gpu"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tier"
+    missing = httpx.get(f"{url}/stats", params={"model": "nope"}, timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    cleared = httpx.delete(url, params={"tier": "memory"}, timeout=30).json()["data"]
+    assert cleared == [{"model": MODEL, "memory_entries": before["memory"]["entries"]}]
+    after = stats()
+    assert after["memory"]["entries"] == 0 and after["disk"]["entries"] == before["disk"]["entries"]
+    cleared = httpx.delete(url, timeout=30).json()["data"]
+    assert cleared[0]["disk_entries"] == before["disk"]["entries"]
+    assert stats()["disk"]["entries"] == 0
+    assert not list((cache / "prefix-cache").rglob("*.kv"))

@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import structlog
@@ -35,6 +36,7 @@ from vllm_mlx.engine.sampling import (
 from vllm_mlx.engine.scheduler_state import (
     AbortCommand,
     AddCommand,
+    CallCommand,
     Command,
     EventSink,
     Lockstep,
@@ -101,6 +103,12 @@ class Scheduler:
         self, request_id: str, reason: FinishReason = FinishReason.ABORT, message: str = ""
     ) -> None:
         self._commands.put(AbortCommand(request_id, reason, message))
+
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """`fn()` on the engine thread, between steps (for the prefix cache)."""
+        done: Future[Any] = Future()
+        self._commands.put(CallCommand(fn, done))
+        return done
 
     def stop(self, timeout: float | None = None) -> None:
         self._commands.put(StopCommand())
@@ -187,8 +195,10 @@ class Scheduler:
                 return False
             if isinstance(command, AddCommand):
                 self._add(command)
-            else:
+            elif isinstance(command, AbortCommand):
                 self._abort(command)
+            else:
+                command.run()
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:

@@ -5,6 +5,7 @@ data, apart from the loop that drives it (scheduler.py). The distributed followe
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -81,7 +82,21 @@ class StopCommand:
     pass
 
 
-Command = AddCommand | AbortCommand | StopCommand
+@dataclass(frozen=True)
+class CallCommand:
+    """Run `fn` on the engine thread (the prefix cache is that thread's alone)."""
+
+    fn: Callable[[], Any]
+    done: Future[Any]
+
+    def run(self) -> None:
+        try:
+            self.done.set_result(self.fn())
+        except Exception as exc:
+            self.done.set_exception(exc)
+
+
+Command = AddCommand | AbortCommand | StopCommand | CallCommand
 
 
 @dataclass(frozen=True)

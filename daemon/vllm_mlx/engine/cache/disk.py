@@ -16,6 +16,7 @@ engine: the queue is bounded, and a block that does not fit the queue is not wri
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -181,7 +182,13 @@ class DiskBlockStore:
         return block
 
     def clear(self) -> int:
-        """Delete every file; returns how many."""
+        """Delete every file (and the writes still queued); returns how many files."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._queue.get_nowait()
+                if item is None:  # closing: leave the writer its stop
+                    self._queue.put(None)
+                    break
         with self._lock:
             names = list(self._index)
             self._index.clear()

@@ -254,6 +254,10 @@ class PagedPrefixCache(PrefixCache):
         if self.disk is not None:
             self.disk.close()
 
+    @property
+    def disk_tier(self) -> DiskBlockStore | None:
+        return self.disk
+
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         if self.disk is not None:

@@ -87,6 +87,20 @@ class PrefixCache:
     def close(self) -> None:
         """The engine stopped (a tier below may finish its writes)."""
 
+    @property
+    def disk_tier(self) -> Any:
+        """The tier below (a DiskBlockStore), or None."""
+        return None
+
+    def cleared(self, memory: bool, disk: bool) -> dict[str, int]:
+        """Empty the tiers asked for (engine thread); how many entries each dropped."""
+        out = {}
+        if memory:
+            out["memory_entries"] = self.clear()
+        if disk and self.disk_tier is not None:
+            out["disk_entries"] = self.disk_tier.clear()
+        return out
+
     def summary(self) -> dict[str, Any]:
         """The `cache` block of /v1/status."""
         stats = self.stats
