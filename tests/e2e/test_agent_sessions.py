@@ -211,3 +211,33 @@ def check_the_cache_endpoints(daemon: DaemonProcess, cache: Path) -> None:
     assert cleared[0]["disk_entries"] == before["disk"]["entries"]
     assert stats()["disk"]["entries"] == 0
     assert not list((cache / "prefix-cache").rglob("*.kv"))
+
+
+def test_warm_prompts_are_cached_before_the_model_is_ready(
+    tmp_path: Path, model_cache_dir: Path
+) -> None:
+    """models[].warm_prompts: the first request that opens with one (text or a file)
+    finds it in the cache, though nothing was asked before."""
+    from_file = "You are a release agent. Tag, build, publish, announce. " * 10
+    (tmp_path / "release.md").write_text(from_file, encoding="utf-8")
+    model = {
+        "name": MODEL,
+        "source": "builtin:smollm2-135m-instruct",
+        "warm_prompts": [AGENT, {"file": str(tmp_path / "release.md")}],
+    }
+    with running(tmp_path, model_cache_dir, {"models": [model]}) as daemon:
+        client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused")
+        for system in (AGENT, from_file):
+            reply = client.chat.completions.create(
+                model=MODEL,
+                max_tokens=2,
+                messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": "Start."},
+                ],
+            )
+            usage = reply.usage
+            assert usage is not None and usage.prompt_tokens_details is not None
+            # All of the system turn but the block it ends in: the user's turn follows.
+            assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
+        assert daemon.log_text().count('"warm prompt cached"') == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
@@ -28,6 +29,49 @@ def check_unique_model_ids(models: list[ModelSettings]) -> None:
                     loc,
                 )
             seen[model_id] = index
+
+
+MAX_WARM_PROMPT_BYTES = 1024 * 1024  # a system prompt, not a corpus
+
+
+class WarmPrompt(Section):
+    """A warm prompt: its text, or a file (UTF-8) holding it, e.g. an agent's system
+    prompt. A bare string in the YAML is the text."""
+
+    text: str | None = setting(None, Reload.MODEL, "The prompt itself.")
+    file: Path | None = setting(None, Reload.MODEL, "A file whose text is the prompt.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_text(cls, value: Any) -> Any:
+        return {"text": value} if isinstance(value, str) else value
+
+    @field_validator("file")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        path = value.expanduser()
+        if not path.is_file():
+            raise ValueError(f"warm prompt file {str(path)!r} does not exist")
+        if path.stat().st_size > MAX_WARM_PROMPT_BYTES:
+            raise ValueError(f"warm prompt file {str(path)!r} is larger than 1 MiB")
+        try:
+            path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"warm prompt file {str(path)!r} is not UTF-8 text: {exc}") from exc
+        return path
+
+    @model_validator(mode="after")
+    def _one_of(self) -> WarmPrompt:
+        if (self.text is None) == (self.file is None):
+            raise ValueError("a warm prompt is its text or `{file: PATH}`, exactly one")
+        return self
+
+    def prompt(self) -> str:
+        if self.file is not None:
+            return self.file.read_text(encoding="utf-8")
+        return self.text or ""
 
 
 class ModelSettings(Section):
@@ -125,6 +169,13 @@ class ModelSettings(Section):
         "tools a request offers (the request's own win on a name clash); `execute` also "
         "runs the model's MCP tool calls in the daemon and generates again (docs/mcp.md).",
     )
+    warm_prompts: list[WarmPrompt] = setting(
+        [],
+        Reload.MODEL,
+        "System prompts (text, or `{file: PATH}`) prefilled into the prefix cache when "
+        "the model loads, before it reports ready: the first request that opens with "
+        "one (an agent's system prompt) skips that prefill (docs/caching.md).",
+    )
     structured_outputs: Literal["llguidance", "off"] = setting(
         "llguidance",
         Reload.HOT,
@@ -190,6 +241,11 @@ class ModelSettings(Section):
                 "tool_call_parser (the model's calls must be parsed to reach MCP servers)"
             )
         return self
+
+
+def warm_texts(model: ModelSettings) -> list[str]:
+    """The model's warm prompts as text (files read now)."""
+    return [item.prompt() for item in model.warm_prompts]
 
 
 def loads_at_startup(models: list[ModelSettings], index: int) -> bool:

@@ -11,11 +11,12 @@ from typing import Protocol
 import structlog
 
 from vllm_mlx.config.fields import Reload
-from vllm_mlx.config.model import ModelSettings, loads_at_startup
+from vllm_mlx.config.model import ModelSettings, loads_at_startup, warm_texts
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token, module_bytes
 from vllm_mlx.engine.scheduler import SchedulerConfig
+from vllm_mlx.engine.warm import warm
 from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 
 log = structlog.get_logger(__name__)
@@ -69,15 +70,20 @@ class ModelEntry:
 
 
 def start_engine(
-    loaded: LoadedModel | LoadedEmbeddingModel, scheduler_config: SchedulerConfig
+    loaded: LoadedModel | LoadedEmbeddingModel,
+    scheduler_config: SchedulerConfig,
+    model: ModelSettings | None = None,
 ) -> tuple[Engine | None, EmbeddingEngine | None]:
-    """The running engine for a loaded model: (generation, None) or (None, embedding)."""
+    """The running engine for a loaded model: (generation, None) or (None, embedding);
+    a generation model's warm prompts are in its prefix cache before it is returned."""
     if isinstance(loaded, LoadedEmbeddingModel):
         embedder = EmbeddingEngine(loaded)
         embedder.start()
         return None, embedder
     engine = Engine(loaded, scheduler_config)
     engine.start()
+    if model is not None and model.warm_prompts:
+        warm(engine, model.name, warm_texts(model))
     return engine, None
 
 
@@ -105,7 +111,7 @@ class ModelRegistry:
         """
         try:
             loaded = loader(entry.settings)
-            engine, embedder = start_engine(loaded, self.scheduler_config)
+            engine, embedder = start_engine(loaded, self.scheduler_config, entry.settings)
             measure(entry, loaded)
         except Exception as exc:
             entry.state, entry.error = LoadState.FAILED, str(exc) or type(exc).__name__
@@ -156,7 +162,7 @@ class ModelRegistry:
                     entries[model.name] = ModelEntry(model, startup=startup)
                 else:
                     loaded = loader(model)
-                    engine, embedder = start_engine(loaded, scheduler_config)
+                    engine, embedder = start_engine(loaded, scheduler_config, model)
                     entries[model.name] = ModelEntry(
                         model, LoadState.RUNNING, engine, embedder=embedder, startup=startup
                     )
