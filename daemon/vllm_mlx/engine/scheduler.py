@@ -354,10 +354,10 @@ class Scheduler:
             if gen.finish_reason is not None:
                 stored = 0
                 if gen.prompt_cache is not None and gen.all_tokens:
-                    written = self.prefix_cache.store(gen.all_tokens, gen.prompt_cache)
-                    # Of the prompt, only what the request did not read from the cache.
-                    start = max(written.start, slot.cached_tokens)
-                    stored = max(0, min(written.stop, len(slot.request.prompt_tokens)) - start)
+                    prompt = (len(slot.request.prompt_tokens), slot.cached_tokens)
+                    stored = self.prefix_cache.store_prompt(
+                        gen.all_tokens, gen.prompt_cache, *prompt
+                    )
                 finished.append((slot, gen.finish_reason, stored))
         if scored:
             self._add_logprobs(scored)

@@ -76,6 +76,12 @@ class PrefixCache:
         this store newly wrote (empty: nothing new), so a request can say what it cached."""
         raise NotImplementedError
 
+    def store_prompt(self, tokens: Sequence[int], cache: list[Any], prompt: int, read: int) -> int:
+        """`store`, and how many of the first `prompt` tokens it newly wrote beyond the
+        `read` ones the request took from the cache (its usage's cache writes)."""
+        written = self.store(tokens, cache)
+        return max(0, min(written.stop, prompt) - max(written.start, read))
+
     def held_bytes(self) -> int:
         """The bytes of the arrays actually held, recounted (an audit of `nbytes`)."""
         raise NotImplementedError
