@@ -96,6 +96,7 @@ def vllm_mlx_spec(
     engine: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
     python: str = sys.executable,
+    paths: dict[str, Any] | None = None,
 ) -> PeerSpec:
     """This repo's daemon on model_dir with the default settings (plus `engine`, `model`);
     `python`: another checkout's interpreter (its venv) to measure a baseline build."""
@@ -107,6 +108,7 @@ def vllm_mlx_spec(
         ],
         "engine": engine or {},
         "logging": {"level": "warning", "format": "json"},
+        **({"paths": paths} if paths else {}),
     }
     path = work / f"vllm-mlx-{port}.yaml"
     path.write_text(yaml.safe_dump(config))

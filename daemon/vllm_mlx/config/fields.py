@@ -36,14 +36,15 @@ class Reload(enum.StrEnum):
     RESTART = "restart"
 
 
-def setting(default: Any, reload: Reload, description: str, **kwargs: Any) -> Any:
-    """A field that documents itself and says how a change to it is applied."""
-    return Field(
-        default,
-        description=description,
-        json_schema_extra={"x-reload": reload.value},
-        **kwargs,
-    )
+def setting(
+    default: Any, reload: Reload, description: str, leaf: bool = False, **kwargs: Any
+) -> Any:
+    """A field that documents itself and says how a change to it is applied; `leaf`: a
+    list of small sections documented as one key (not key by key)."""
+    extra: dict[str, Any] = {"x-reload": reload.value}
+    if leaf:
+        extra["x-leaf"] = True
+    return Field(default, description=description, json_schema_extra=extra, **kwargs)
 
 
 class LocatedError(ValueError):

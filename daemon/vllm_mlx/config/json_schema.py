@@ -51,7 +51,10 @@ def _leaf_fields(named: bool = False) -> list[tuple[str, Any]]:
             key = f"{prefix}.{name}" if prefix else name
             annotation = info.annotation
             inner = getattr(annotation, "__args__", (annotation,))[0]
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            extra = info.json_schema_extra
+            if isinstance(extra, dict) and extra.get("x-leaf"):
+                out.append((key, info))
+            elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 walk(annotation, key)
             elif isinstance(inner, type) and issubclass(inner, BaseModel):
                 walk(inner, key + "[]")

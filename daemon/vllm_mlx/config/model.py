@@ -175,6 +175,7 @@ class ModelSettings(Section):
         "System prompts (text, or `{file: PATH}`) prefilled into the prefix cache when "
         "the model loads, before it reports ready: the first request that opens with "
         "one (an agent's system prompt) skips that prefill (docs/caching.md).",
+        leaf=True,
     )
     structured_outputs: Literal["llguidance", "off"] = setting(
         "llguidance",
