@@ -15,6 +15,7 @@ import functools
 from typing import Any
 
 from litestar import Request, Router, delete, get
+from litestar.params import FromQuery
 
 from vllm_mlx.api.error_shapes import openai_error_response
 from vllm_mlx.api.errors import APIError, bad_request
@@ -49,13 +50,17 @@ def _stats(name: str, engine: Engine) -> dict[str, Any]:
 
 
 @get("/v1/cache/stats", sync_to_thread=False)
-def cache_stats(request: Request[Any, Any, Any], model: str | None = None) -> dict[str, Any]:
+def cache_stats(
+    request: Request[Any, Any, Any], model: FromQuery[str | None] = None
+) -> dict[str, Any]:
     return {"object": "list", "data": [_stats(n, e) for n, e in _engines(request, model)]}
 
 
 @delete("/v1/cache", status_code=200)
 async def clear_cache(
-    request: Request[Any, Any, Any], tier: str | None = None, model: str | None = None
+    request: Request[Any, Any, Any],
+    tier: FromQuery[str | None] = None,
+    model: FromQuery[str | None] = None,
 ) -> dict[str, Any]:
     if tier is not None and tier not in TIERS:
         raise bad_request(f"'tier' must be one of {', '.join(TIERS)} (or left out: both)", "tier")
