@@ -97,9 +97,11 @@ def vllm_mlx_spec(
     model: dict[str, Any] | None = None,
     python: str = sys.executable,
     paths: dict[str, Any] | None = None,
+    sections: dict[str, Any] | None = None,
 ) -> PeerSpec:
-    """This repo's daemon on model_dir with the default settings (plus `engine`, `model`);
-    `python`: another checkout's interpreter (its venv) to measure a baseline build."""
+    """This repo's daemon on model_dir with the default settings (plus `engine`, `model`,
+    other top-level `sections`); `python`: another checkout's interpreter (its venv) to
+    measure a baseline build."""
     port = free_port()
     config = {
         "server": {"host": "127.0.0.1", "port": port},
@@ -109,6 +111,7 @@ def vllm_mlx_spec(
         "engine": engine or {},
         "logging": {"level": "warning", "format": "json"},
         **({"paths": paths} if paths else {}),
+        **(sections or {}),
     }
     path = work / f"vllm-mlx-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
