@@ -25,6 +25,7 @@ CHAT = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "ma
 COMPLETION = {"model": "default", "prompt": "Hi", "max_tokens": 1}
 MESSAGE = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 JSON = {"content-type": "application/json"}
+CACHED_LIST_BLOCK = {"type": "text", "text": "x", "cache_control": ["ephemeral"]}
 
 
 @pytest.fixture(scope="module")
@@ -253,6 +254,10 @@ def test_openai_fields_take_their_own_type_only(
             {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]},
             "non-empty",
         ),
+        ({"tools": None}, "tools"),
+        ({"system": [{"type": "text", "text": "x", "cache_control": "yes"}]}, "cache_control"),
+        ({"messages": [{"role": "user", "content": [CACHED_LIST_BLOCK]}]}, "cache_control"),
+        ({"cache_control": {"type": "forever"}}, "cache_control"),
     ],
 )
 def test_anthropic_validation_is_as_strict_as_the_api(
@@ -264,6 +269,13 @@ def test_anthropic_validation_is_as_strict_as_the_api(
             continue  # count_tokens takes no sampling fields
         response = post(daemon, path, body)
         assert_anthropic_error(response, 400, "invalid_request_error", needle)
+
+
+def test_a_completion_needs_a_prompt(daemon: DaemonProcess) -> None:
+    body = {k: v for k, v in COMPLETION.items() if k != "prompt"}
+    response = post(daemon, "/v1/completions", body)
+    assert_openai_error(response, 400, "prompt")
+    assert response.json()["error"]["param"] == "prompt"
 
 
 def test_anthropic_final_assistant_turn_may_be_empty(daemon: DaemonProcess) -> None:

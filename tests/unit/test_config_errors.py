@@ -257,6 +257,16 @@ def test_check_config_warns_when_api_keys_are_readable_by_others(
     assert "warning" not in check_config(config, capsys)[1]
 
 
+@pytest.mark.parametrize("text", ["", "# only comments\n# here\n", "{}\n"])
+def test_an_empty_file_is_ok_with_a_warning_that_defaults_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    config = tmp_path / "vllm-mlx.yaml"
+    config.write_text(text)
+    code, err = check_config(config, capsys)
+    assert code == 0 and f"warning: {config} is empty" in err and "default" in err
+
+
 def test_a_host_name_is_refused_at_its_line(tmp_path: Path) -> None:
     # The listener binds IP literals only: `serve` failed with a traceback here.
     path = tmp_path / "host.yaml"

@@ -265,7 +265,17 @@ def load_config(
         current_file_data.reset(token)
     if settings.mcp.config_file is not None:
         settings = with_mcp_file(settings, path.parent if path else Path.cwd())
-    return LoadedConfig(settings, path, _secret_warnings(path, data))
+    return LoadedConfig(
+        settings, path, _empty_file_warnings(path, data) + _secret_warnings(path, data)
+    )
+
+
+def _empty_file_warnings(path: Path | None, data: dict[str, Any]) -> tuple[str, ...]:
+    # An empty (or comments-only) file is valid, but rarely meant: say so, rather than
+    # a plain "ok" that reads as if the settings in it were understood.
+    if path is None or data:
+        return ()
+    return (f"{path} is empty (no settings in it): every setting has its default",)
 
 
 def load_settings(

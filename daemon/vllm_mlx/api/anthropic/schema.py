@@ -20,11 +20,23 @@ from pydantic import (
 MAX_STOP_SEQUENCES = 16
 
 
-class _Wire(BaseModel):
-    # Clients send fields we do not use (cache_control, citations, service_tier...);
-    # they are accepted and ignored, as the hosted API ignores unknown hints. Strict:
-    # types as the API checks them (`"stream": "yes"` is a 400).
+class CacheControl(BaseModel):
+    """A prompt-caching breakpoint. Our prefix cache needs no breakpoints (every prompt's
+    blocks are cached), so it is only checked, as the API checks it: an object whose
+    `type` is "ephemeral", `ttl` "5m" or "1h"."""
+
     model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class _Wire(BaseModel):
+    # Clients send fields we do not use (citations, service_tier...); they are accepted
+    # and ignored, as the hosted API ignores unknown hints. Strict: types as the API
+    # checks them (`"stream": "yes"` is a 400). `cache_control` may sit on any block,
+    # tool, or the request itself: checked here once for all of them.
+    model_config = ConfigDict(extra="ignore", strict=True)
+    cache_control: CacheControl | None = None
 
 
 class TextBlock(_Wire):
@@ -160,9 +172,17 @@ class PromptFields(_Wire):
     system: Annotated[list[TextBlock], BeforeValidator(_as_optional_blocks)] = Field(
         default_factory=list
     )
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = None  # absent only: `null` is a 400, as the API has it
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tools_not_null(cls, value: Any) -> Any:
+        # Runs only for a value the client sent (an absent field keeps its default).
+        if value is None:
+            raise ValueError("tools must be an array of tools when given (not null)")
+        return value
 
     @field_validator("messages")
     @classmethod

@@ -195,8 +195,9 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
+    # Required, as the spec has it (a body without it is a mistake, not a request to
+    # generate from nothing); `null` is the spec's default, "<|endoftext|>".
     prompt: str | list[str] | list[int] | list[list[int]] | None = Field(
-        "<|endoftext|>",
         description="text, token ids, or several prompts: strings or token-id arrays",
     )
     max_tokens: int | None = Field(None, ge=0, description="0 with echo scores the prompt")
