@@ -110,7 +110,8 @@ def usage_of(event: dict[str, Any]) -> tuple[int, int] | None:
         read = usage.get("cache_read_input_tokens") or 0
         created = usage.get("cache_creation_input_tokens") or 0
         return usage["input_tokens"] + read + created, read
-    if event.get("type") == "response.completed":  # Responses
+    # Responses: a capped answer (NEW_TOKENS) ends in response.incomplete.
+    if event.get("type") in ("response.completed", "response.incomplete"):
         usage = event["response"]["usage"]
         return usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
     return None
@@ -146,6 +147,8 @@ def replay_session(
             measured = send(base_url, record)
             if measured:
                 out.append(Turn(client, mode, index, turn, *measured))
+                print(f"{client} {mode} session {index} turn {turn}: {out[-1]}",
+                      file=sys.stderr, flush=True)  # fmt: skip
     return out
 
 
