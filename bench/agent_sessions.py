@@ -188,6 +188,19 @@ def decode_rate(work: Path, model_dir: Path, disk_mb: int) -> float:
     return summary.aggregate_tok_s
 
 
+def decode_rounds(model_dir: Path, rounds: int) -> None:
+    """The decode check alone, disk tier off and on alternating (drift hits both)."""
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
+        ratios = []
+        for index in range(rounds):
+            work = Path(tmp) / str(index)
+            work.mkdir()
+            off, on = decode_rate(work, model_dir, 0), decode_rate(work, model_dir, 512)
+            ratios.append(on / off)
+            print(f"round {index}: disk off {off:.1f} tok/s, on {on:.1f} tok/s: {on / off:.3f}x")
+        print(f"mean on/off: {mean(ratios):.3f}x over {rounds} rounds")
+
+
 def mean(values: list[float]) -> float:
     return statistics.mean(values) if values else 0.0
 
@@ -212,7 +225,11 @@ def report(turns: list[Turn]) -> None:
               f"| {mean([t.cached / t.prompt for t in later]):.2f} "
               f"| {mean([t.ttft for t in later]):.2f} |")  # fmt: skip
     for client in dict.fromkeys(t.client for t in turns):
-        cold = [t.ttft for t in turns if t.client == client and t.mode[1] == "a" and t.turn == 0]
+        # Cold: (a)'s first turns that found (almost) nothing cached.
+        cold = [
+            t.ttft for t in turns
+            if t.client == client and t.mode[1] == "a" and t.turn == 0 and t.cached < t.prompt / 2
+        ]  # fmt: skip
         restarted = [
             t.ttft for t in turns
             if t.client == client and t.mode[1] == "c" and t.turn == 0 and t.session
@@ -227,7 +244,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 sessions of 3 turns")
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--no-decode", action="store_true", help="skip the c=16 decode check")
+    parser.add_argument(
+        "--decode-only", type=int, metavar="ROUNDS", help="only the decode check, ROUNDS times"
+    )
     args = parser.parse_args()
+    if args.decode_only:
+        decode_rounds(model_directory(), args.decode_only)
+        return
     limit = 3 if args.quick else None
     model_dir = model_directory()
     with tempfile.TemporaryDirectory(prefix="bench-agents-") as tmp:
