@@ -150,7 +150,7 @@ def test_batched_inputs_and_the_prefill_path() -> None:
     ext = qmm.extension()
     w = mx.random.normal((80, 128), key=mx.random.key(3))
     wq, scales, biases = mx.quantize(w, group_size=32, bits=4)
-    for shape in [(2, 3, 128), (1, 45, 128)]:
+    for shape in [(2, 3, 128), (1, 45, 128), (1, 140, 128)]:
         x = mx.random.normal(shape, key=mx.random.key(4))
         want = mx.quantized_matmul(x, wq, scales, biases, True, 32, 4)
         got = ext.quantized_matmul(x, wq, scales, biases, 32, 4, 32)

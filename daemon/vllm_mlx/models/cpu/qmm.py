@@ -29,7 +29,13 @@ BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 # Prefill: inputs with more rows than this go to dequantize + BLAS inside the extension,
 # when the BLAS is an optimized one; with the reference BLAS the kernel takes every size.
-MAX_ROWS = 32
+# MLX's CPU dequantize is a scalar loop, a fixed ~2.2 s per forward pass of the bundled
+# model on a 2-core AMD EPYC: a 33-row pass took 2.20 s that way against 0.18 s in the
+# kernel, 128 rows 2.52 s against 0.81 s, 256 rows 2.88 s against 1.97 s, and the two
+# met at 512 (docs/benchmarks.md, "Prefill of a few hundred rows"). 128 keeps a 4x
+# margin from that crossing for CPUs whose kernel is slower per row (AVX2); it is what
+# an agent's later turn (~40 new tokens on a cached prefix) and a chunk's tail feed in.
+MAX_ROWS = 128
 NO_LIMIT = 2**31 - 1
 _max_rows = MAX_ROWS
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
