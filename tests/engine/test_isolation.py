@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 
 from tests.engine.test_engine import complete, request, run_all
-from vllm_mlx.engine import scheduler as scheduler_module
+from vllm_mlx.engine import slot_setup as scheduler_module
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.sampling import LogitsProcessor
 from vllm_mlx.engine.types import Finished, FinishReason, GenerationRequest, SamplingParams

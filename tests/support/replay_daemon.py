@@ -74,7 +74,7 @@ def force_output(scheduler: Scheduler, script: Sequence[int], end_token: int) ->
     from vllm_mlx.engine.logprobs import RawCapture
     from vllm_mlx.engine.sampling import guard_processor
 
-    own: Callable[[GenerationRequest, Fault], list[LogitsProcessor]] = scheduler._processors
+    own: Callable[[GenerationRequest, Fault], list[LogitsProcessor]] = scheduler.slot_processors
 
     def processors(request: GenerationRequest, fault: Fault) -> list[LogitsProcessor]:
         chosen = own(request, fault)
@@ -85,7 +85,7 @@ def force_output(scheduler: Scheduler, script: Sequence[int], end_token: int) ->
             chosen.insert(0, RawCapture())  # the scheduler adds it only to a non-empty list
         return chosen
 
-    scheduler._processors = processors  # type: ignore[method-assign]
+    scheduler.slot_processors = processors
 
 
 def after_import(name: str, patch: Callable[[ModuleType], None]) -> None:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from vllm_mlx.engine.fleet.residency import in_daemon_thread, loads_running
+from vllm_mlx.engine.fleet.loader_thread import in_daemon_thread, loads_running
 
 
 def test_a_running_load_is_seen_until_it_ends() -> None:

@@ -17,22 +17,13 @@ from typing import Any
 
 import structlog
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.batch_generator import LeanBatchGenerator
 from vllm_mlx.engine.cache.disk import DiskBlockStore
 from vllm_mlx.engine.cache.factory import make_prefix_cache
 from vllm_mlx.engine.fleet.heap import release_free_memory
 from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
-from vllm_mlx.engine.sampling import (
-    Fault,
-    LogitsProcessor,
-    Sampler,
-    guard_processor,
-    guard_sampler,
-    make_processors,
-    make_sampler,
-)
+from vllm_mlx.engine.sampling import Fault
 from vllm_mlx.engine.scheduler_state import (
     AbortCommand,
     AddCommand,
@@ -50,6 +41,7 @@ from vllm_mlx.engine.scheduler_state import (
 
 # Re-exported: the engine's users import the config from here.
 from vllm_mlx.engine.scheduler_state import SchedulerConfig as SchedulerConfig
+from vllm_mlx.engine.slot_setup import slot_processors, slot_sampler
 from vllm_mlx.engine.types import (
     EngineEvent,
     FinishReason,
@@ -78,6 +70,8 @@ class Scheduler:
         if lockstep is not None:
             lockstep.bind(self.fail_in_flight)
         self.vocab_size = vocab_size if vocab_size is not None else vocab_size_of(model)
+        # Each request's logits processors (a seam: the replay fake adds its own).
+        self.slot_processors = slot_processors
         self.prefix_cache = make_prefix_cache(
             model, config.prefix_cache_bytes, config.paged_cache, disk
         )
@@ -240,7 +234,7 @@ class Scheduler:
                 command.sink(PromptProcessed(time.monotonic(), reused, prompt_logprobs=scores))
                 command.sink(SequenceFinished(FinishReason.LENGTH))
                 return
-            processors = self._processors(request, fault)
+            processors = self.slot_processors(request, fault)
             (uid,) = self._generator.insert(
                 [hit.rest],
                 max_tokens=[request.max_tokens],
@@ -248,7 +242,7 @@ class Scheduler:
                 # record (the key its cache is stored under when it ends) stays whole.
                 caches=None if hit.cache is None else [hit.cache],
                 all_tokens=[list(request.prompt_tokens[: hit.cached])],
-                samplers=[self._sampler(request, fault)],
+                samplers=[slot_sampler(request, fault, self.vocab_size, self.lockstep)],
                 logits_processors=[processors],
             )
         except Exception as exc:
@@ -273,22 +267,6 @@ class Scheduler:
         self._generator.remove([slot.uid])
         if self.lockstep is not None:
             self.lockstep.removed(slot.request.request_id)
-
-    def _sampler(self, request: GenerationRequest, fault: Fault) -> Sampler:
-        sampler = make_sampler(request.sampling, self.vocab_size)
-        # Greedy requests keep the one shared sampler so they sample in one batched call.
-        shared = sampler is greedy_sampler
-        chosen = sampler if shared else guard_sampler(sampler, fault)
-        return chosen if self.lockstep is None else self.lockstep.wrap_sampler(chosen, shared)
-
-    def _processors(self, request: GenerationRequest, fault: Fault) -> list[LogitsProcessor]:
-        processors = make_processors(request.sampling, request.max_tokens)
-        if request.constraint is not None:  # last: nothing may re-enable a masked token
-            processors.append(request.constraint.make_processor())
-        guarded: list[LogitsProcessor] = [guard_processor(p, fault) for p in processors]
-        if request.logprobs is not None and request.logprobs_raw and guarded:
-            guarded.insert(0, RawCapture())  # first, so it sees the logits unchanged
-        return guarded
 
     @staticmethod
     def _post(slot: Slot, event: EngineEvent) -> None:

@@ -17,32 +17,28 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
-from granian.constants import Interfaces
-from granian.server.embed import Server
 
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.app import create_app
 from vllm_mlx.config.fields import Reload
 from vllm_mlx.config.file import LoadedConfig
-from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
-from vllm_mlx.distributed.launcher import current_rank, group_reload
+from vllm_mlx.distributed.launcher import group_reload
 from vllm_mlx.distributed.status import current as group_status
 from vllm_mlx.engine.fleet.heap import keep_large_allocations_returnable
+from vllm_mlx.engine.fleet.loader_thread import loads_running
 from vllm_mlx.engine.fleet.registry import ModelEntry, ModelRegistry, Stoppable
-from vllm_mlx.engine.fleet.residency import ModelManager, loads_running
+from vllm_mlx.engine.fleet.residency import ModelManager
 from vllm_mlx.engine.scheduler_state import scheduler_config
 from vllm_mlx.logging import configure_logging
 from vllm_mlx.metrics.models import ModelMetrics
 from vllm_mlx.models.estimate import estimated_bytes
-from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
-from vllm_mlx.models.loader import load_model
 from vllm_mlx.runtime.lifecycle import RequestTracker, exit_now, remove_pid_file, write_pid_file
+from vllm_mlx.runtime.listener import Listener, ListenerFailedError, model_loader, start_listener
 from vllm_mlx.runtime.reload import Change, Reloader, watch_config
 
 log = structlog.get_logger(__name__)
@@ -50,30 +46,6 @@ log = structlog.get_logger(__name__)
 # After the drain timeout the remaining generations are aborted; this is how long their
 # responses get to send that ending before the listener closes.
 ABORT_GRACE_S = 5.0
-
-
-class ListenerFailedError(RuntimeError):
-    """A listener could not bind or stopped with an error."""
-
-
-@dataclass
-class Listener:
-    """One Granian server on one address; a reload that moves the address adds one."""
-
-    server: Server
-    task: asyncio.Task[None]
-    tag: str
-    retiring: bool = False
-    main: bool = True  # server.host:port (moved by a reload); False: ollama.listen
-
-
-def model_loader(
-    settings: Settings,
-) -> Callable[[ModelSettings], LoadedModel | LoadedEmbeddingModel]:
-    cache_dir = settings.resolved_cache_dir()
-    base = lambda model: load_model(model, cache_dir, settings.engine)  # noqa: E731
-    rank = current_rank()  # rank 0 of a distributed group shards its model
-    return base if rank is None else rank.loader(base, settings)
 
 
 class Daemon:
@@ -140,16 +112,7 @@ class Daemon:
         return self._listen_at(settings.server.host, settings.server.port, main=True)
 
     def _listen_at(self, host: str, port: int, main: bool) -> Listener:
-        tag = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        server = Server(
-            self.tracker.wrap(self.app, tag),
-            address=host,
-            port=port,
-            interface=Interfaces.ASGINL,
-            log_enabled=False,
-            backlog=1024,
-        )
-        listener = Listener(server, asyncio.create_task(server.serve()), tag, main=main)
+        listener = start_listener(self.tracker, self.app, host, port, main)
         self.listeners.append(listener)
         return listener
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -30,6 +29,7 @@ from vllm_mlx.engine.fleet.footprint import (
     planned_prefix_cache_bound,
 )
 from vllm_mlx.engine.fleet.leases import current_leases
+from vllm_mlx.engine.fleet.loader_thread import in_daemon_thread
 from vllm_mlx.engine.fleet.registry import Loader, LoadState, ModelEntry, ModelRegistry
 from vllm_mlx.engine.scheduler_state import SchedulerConfig
 from vllm_mlx.metrics.models import ModelMetrics
@@ -39,42 +39,6 @@ log = structlog.get_logger(__name__)
 MIB = 2**20
 LOAD_ATTEMPTS = 3  # a model evicted again before its waiter resumed is loaded again
 BUSY_RECHECK_S = 1.0
-LOADER_THREAD = "model-loader"  # an aborted sequence still finishing delays an idle unload
-
-
-def in_daemon_thread(function: Callable[..., object], *args: object) -> asyncio.Future[object]:
-    """`function(*args)` on a daemon thread, awaitable.
-
-    Not asyncio.to_thread: a load can take minutes, and the daemon may exit meanwhile
-    (e.g. its port is taken); an executor thread would be waited for at exit and start
-    an engine thread while the interpreter shuts down, which aborts the process.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[object] = loop.create_future()
-
-    def settle(result: object, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = function(*args), None
-        except BaseException as exc:  # handed to the awaiting coroutine
-            result, error = None, exc
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(settle, result, error)
-
-    threading.Thread(target=run, name=LOADER_THREAD, daemon=True).start()
-    return future
-
-
-def loads_running() -> bool:
-    """Whether a model is still loading on a daemon thread (see `exit_now_if_loading`)."""
-    return any(t.name == LOADER_THREAD and t.is_alive() for t in threading.enumerate())
 
 
 class ModelCapacityError(Exception):
