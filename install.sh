@@ -126,6 +126,19 @@ if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v systemd-analyze >/dev
   fi
 fi
 
+# The status page's browser tests (tests/e2e/test_dashboard.py) drive a real Chromium
+# through Playwright; Playwright's own browser download needs the internet, so they use
+# Debian's. Only installed where apt-get can, i.e. as root.
+if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v chromium >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends chromium fonts-dejavu-core >/dev/null \
+      || echo "install.sh: could not install Chromium; the browser tests fail" >&2
+  else
+    echo "install.sh: install Chromium (e.g. apt-get install chromium) for the browser tests" >&2
+  fi
+fi
+
 # The kernel's NEON tiles (arm64 Linux) are tested here by cross-compiling them and
 # running them under qemu (tests/unit/test_qmm_native.py). Only on x86-64, as root.
 if [[ $dev == 1 && $(uname -s) == Linux && $(uname -m) == x86_64 ]] \

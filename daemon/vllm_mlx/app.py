@@ -10,6 +10,7 @@ from litestar.exceptions import HTTPException
 
 from vllm_mlx.api.anthropic.routes import make_anthropic_router
 from vllm_mlx.api.cache_routes import make_cache_router
+from vllm_mlx.api.dashboard import root, root_head, ui_asset, ui_page
 from vllm_mlx.api.edge.auth import is_api_path, protocol_of
 from vllm_mlx.api.edge.boundary import route_path
 from vllm_mlx.api.error_shapes import error_response
@@ -52,6 +53,10 @@ def create_app(state: ServerState) -> Litestar:
             make_responses_router(),
             make_ollama_router(),
             make_cache_router(),
+            root,
+            root_head,
+            ui_page,
+            ui_asset,
         ],
         state=State({"server": state}),
         exception_handlers={Exception: _plain_error},

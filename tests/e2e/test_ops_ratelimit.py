@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import NO_EOS, chat_body, scrape, value
 
-KEYS = ("key-a", "key-b", "key-c", "key-d")
+KEYS = ("key-a", "key-b", "key-c", "key-d", "key-status")
 PER_MINUTE = 2
 
 
@@ -42,6 +42,17 @@ def test_over_the_limit_is_a_429_with_retry_after(daemon: DaemonProcess) -> None
     assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
     # The limit is per client: another key is not held back by key-a's requests.
     assert _models(daemon, "key-d").status_code == 200
+
+
+def test_reading_the_status_is_not_limited(daemon: DaemonProcess) -> None:
+    """The status page polls /v1/status every 2 s: that must not spend a key's requests."""
+    headers = {"x-api-key": "key-status"}
+    for _ in range(3 * PER_MINUTE):
+        assert httpx.get(f"{daemon.base_url}/v1/status", headers=headers).status_code == 200
+    for _ in range(PER_MINUTE):
+        assert _models(daemon, "key-status").status_code == 200
+    assert _models(daemon, "key-status").status_code == 429
+    assert httpx.get(f"{daemon.base_url}/v1/status").status_code == 401  # still needs a key
 
 
 def test_anthropic_clients_get_their_shape(daemon: DaemonProcess) -> None:

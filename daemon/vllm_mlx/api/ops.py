@@ -11,8 +11,10 @@ import sys
 import time
 from typing import Any, cast
 
+import psutil
 from litestar import Litestar, Request, Response, get
 
+from vllm_mlx import __version__
 from vllm_mlx.api.edge.middleware import ASGIApp, OpsMiddleware
 from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
@@ -176,6 +178,7 @@ def _memory_block() -> dict[str, float]:
         "peak_gb": round(memory.peak_bytes / GIB, 4),
         "cache_gb": round(memory.cache_bytes / GIB, 4),
         "rss_gb": round(memory.rss_bytes / GIB, 4),
+        "system_gb": round(psutil.virtual_memory().total / GIB, 4),
     }
 
 
@@ -203,6 +206,7 @@ def status_document(state: ServerState) -> dict[str, Any]:
     document: dict[str, Any] = {
         "status": _overall(state, blocks),
         "model": blocks[0]["model"] if blocks else None,
+        "version": __version__,
         "uptime_s": round(time.time() - state.metrics.started_at, 3),
         **{key: sum(b[key] for b in blocks) for key in SUMMED},
         "memory": memory,
@@ -214,6 +218,7 @@ def status_document(state: ServerState) -> dict[str, Any]:
     document["models"] = blocks
     document["config"] = state.config_status()
     document["mcp"] = {"servers": state.mcp.status()}
+    document["activity"] = state.metrics.activity.snapshot()
     if state.distributed is not None:
         document["distributed"] = state.distributed.describe()
     return document

@@ -59,6 +59,14 @@ class ServerSettings(Section):
         "is a program: rendering one costs CPU up to `limits.prompt_timeout`.",
     )
 
+    dashboard: bool = setting(
+        True,
+        Reload.HOT,
+        "Serve the status page at `/ui` (and send browsers that open `/` there). The "
+        "page holds no data itself: it reads `/v1/status` with the key a person types "
+        "in. Off: `/ui` is 404 and `/` answers browsers as it answers clients.",
+    )
+
     @field_validator("allowed_hosts")
     @classmethod
     def _usable_hosts(cls, value: list[str]) -> list[str]:

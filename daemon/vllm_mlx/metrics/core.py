@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from vllm_mlx.metrics.activity import Activity
 from vllm_mlx.metrics.live import (
     GroupCollector,
     GroupSource,
@@ -91,6 +92,7 @@ class Metrics:
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         self.started_at = time.time()
+        self.activity = Activity()  # the status page's last ten minutes
         self._live: LiveCollector | None = None
         self._models: set[str] = set()
         self._define_engine_metrics(build_1_2_5_buckets(token_bucket_max))
@@ -248,9 +250,11 @@ class Metrics:
         """The engine thread's per-step callback for one model (one histogram observe)."""
         self.add_model(model)
         child = self.iteration_tokens.labels(model)
+        activity = self.activity
 
         def on_step(prompt_tokens: int, generated_tokens: int) -> None:
             child.observe(prompt_tokens + generated_tokens)
+            activity.tokens(prompt_tokens, generated_tokens)
 
         return on_step
 

@@ -18,13 +18,15 @@ from collections.abc import Mapping, Sequence
 
 from litestar.utils import normalize_path
 
+from vllm_mlx.api.dashboard import OPEN_UI_PATHS
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.config.settings import Settings
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-# No key ever: health checks, and the root that clients probe (it says only that the
-# daemon runs); /metrics unless metrics_require_key.
-OPEN_PATHS = frozenset({"/", "/health"})
+# No key ever: health checks, the root that clients probe (it says only that the
+# daemon runs) and the status page's static files (the page asks for a key before it
+# reads anything); /metrics unless metrics_require_key.
+OPEN_PATHS = frozenset({"/", "/health", *OPEN_UI_PATHS})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MIB = 1024 * 1024
 

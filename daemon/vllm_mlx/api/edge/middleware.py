@@ -17,10 +17,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
+from vllm_mlx.api.dashboard import OPEN_UI_PATHS
 from vllm_mlx.api.edge import boundary, cors
 from vllm_mlx.api.edge.auth import authenticate, is_api_path, protocol_of
 from vllm_mlx.api.edge.limits import RateLimiter, client_id, retry_after_header
-from vllm_mlx.api.edge.refusals import BodyCapture, log_refusal
+from vllm_mlx.api.edge.refusals import BodyCapture, error_message, log_refusal
 from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.state import ServerState, open_note, remember_settings
@@ -97,7 +98,14 @@ class OpsMiddleware:
         finally:
             client = scope.get("client")
             peer = str(client[0]) if client else None
-            log_refusal(response.capture, self._route(scope), scope["method"], note, peer)
+            route = self._route(scope)
+            log_refusal(response.capture, route, scope["method"], note, peer)
+            # The status page's recent errors; /health's 503 while loading is a state.
+            if response.capture.status >= 400 and route != "/health":
+                message = error_message(response.capture)
+                model = note.get("model")
+                activity = self.state.metrics.activity
+                activity.error(response.capture.status, route, message, model)
             self.state.metrics.http_request(
                 self._route(scope),
                 scope["method"],
@@ -134,7 +142,7 @@ class OpsMiddleware:
             extra = [(k.lower().encode(), v.encode()) for k, v in (refusal.headers or {}).items()]
             await send_json(response, refusal.status, payload, extra)
             return
-        if scope["method"] == "HEAD" and path in ("/health", "/metrics"):
+        if scope["method"] == "HEAD" and (path in ("/health", "/metrics") or path in OPEN_UI_PATHS):
             # Health checks written with `wget --spider` / `curl -I`: GET's headers, no body.
             scope = {**scope, "method": "GET"}
             response = _Response(_headers_only(response), [])
@@ -178,7 +186,7 @@ class OpsMiddleware:
         if result.refusal is not None:  # logged with every 4xx (refusals.py)
             self.state.metrics.unauthorized.labels(result.reason).inc()
             return result.refusal
-        if auth.rate_limit <= 0 or not is_api_path(path):
+        if auth.rate_limit <= 0 or not is_api_path(path) or _unlimited_read(scope, path):
             return None
         wait = self.limiter.acquire(client_id(result.key, peer), auth.rate_limit)
         if wait is None:
@@ -212,6 +220,12 @@ class OpsMiddleware:
                 if pending is not None and not pending.done():
                     pending.cancel()
             release_all(held)
+
+
+def _unlimited_read(scope: Scope, path: str) -> bool:
+    """GET /v1/status: the status page polls it every two seconds, and a read of
+    counters must not spend the requests a key's rate limit grants for inference."""
+    return path == "/v1/status" and scope["method"] in ("GET", "HEAD")
 
 
 def _headers_only(send: Send) -> Send:

@@ -23,7 +23,7 @@ MAX_MESSAGE = 500
 
 
 class BodyCapture:
-    """The first bytes of a 4xx response's body, as they are sent."""
+    """The first bytes of a 4xx or 5xx response's body, as they are sent."""
 
     def __init__(self) -> None:
         self.status = 0
@@ -33,7 +33,7 @@ class BodyCapture:
     def see(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.status = int(message["status"])
-        elif message["type"] == "http.response.body" and 400 <= self.status < 500:
+        elif message["type"] == "http.response.body" and 400 <= self.status < 600:
             body = bytes(message.get("body", b""))
             if self.size < MAX_CAPTURED:
                 self.chunks.append(body[: MAX_CAPTURED - self.size])
@@ -76,3 +76,10 @@ def log_refusal(
         message=message,
         peer=peer,
     )
+
+
+def error_message(capture: BodyCapture) -> str | None:
+    """The message of a captured error body (None for a success or an unreadable one)."""
+    if capture.status < 400:
+        return None
+    return error_fields(b"".join(capture.chunks))[1]

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Request, Response, Router, delete, get, head, post
+from litestar import Request, Response, Router, delete, get, post
 from litestar.response import Stream
 
 from vllm_mlx.api.edge.body import parse_body
@@ -260,22 +260,12 @@ async def delete_model(request: Request[Any, Any, Any]) -> None:
     raise _refuse("DELETE /api/delete")
 
 
-@get("/", media_type="text/plain")
-async def root() -> str:
-    return "Ollama is running"
-
-
-@head("/")
-async def root_head() -> None:
-    return None
-
-
 def make_ollama_router() -> Router:
     return Router(
         path="/",
         route_handlers=[
             chat, generate, embed_route, embeddings_route, tags, ps, show, version, pull,
-            registry_write, delete_model, root, root_head,
+            registry_write, delete_model,
         ],
         exception_handlers={Exception: ollama_error_response},
     )  # fmt: skip

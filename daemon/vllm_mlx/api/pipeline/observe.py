@@ -50,6 +50,8 @@ async def run(turn: Turn, request: GenerationRequest) -> AsyncIterator[OutputEve
         if status == 499 and observed is not None:
             observed.aborted(trace, "client_disconnect")
         _log_request(turn, request, trace, finished, status)
+        if turn.metrics is not None:
+            turn.metrics.activity.finished(trace.ttft)
 
 
 def _request_metrics(turn: Turn, request: GenerationRequest) -> RequestMetrics | None:
