@@ -22,6 +22,7 @@ from playwright.sync_api import Browser, Page, expect
 from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import NO_EOS, wait_for
 from tests.support.browser import chromium
+from tests.support.mcp_helpers import stdio_server
 
 KEY = "sk-dashboard-test"
 MAIN = "smollm2-135m-instruct"
@@ -37,6 +38,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path) -> I
             {"name": SPARE, "source": f"builtin:{MAIN}", "load": "on_demand", "keep_alive": 600},
         ],
         "auth": {"api_keys": [KEY]},
+        "mcp": {"servers": {"demo": stdio_server()}},  # a real MCP server (the mcp SDK)
     }
     with running(tmp_path_factory.mktemp("dashboard"), model_cache_dir, config) as process:
         yield process
@@ -101,6 +103,10 @@ def test_the_page_shows_both_models_and_their_states(page: Page, daemon: DaemonP
         expect(spare.get_by_test_id("model-state")).to_have_text("on demand")
     expect(page.get_by_test_id("overall")).to_have_text("running")
     expect(page.get_by_test_id("config")).to_contain_text(str(daemon.config_path))
+    server = page.get_by_test_id("mcp").locator("li", has_text="demo")
+    expect(server).to_contain_text("ready", timeout=WAIT_MS)
+    expect(server).to_contain_text("tools")
+    expect(page.locator("#distributed-card")).to_be_hidden()  # no group configured
 
 
 def test_load_and_unload_buttons(page: Page, daemon: DaemonProcess) -> None:
