@@ -11,11 +11,15 @@ from vllm_mlx.api.edge.auth import (
     matching_key,
     presented_keys,
     protocol_of,
+    required_scope,
+    scope_refusal,
 )
 from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
+from vllm_mlx.config.auth import AuthSettings, key_digest
 
 KEYS = ["alpha-key", "beta-key"]
+FLAT = AuthSettings(api_keys=KEYS)
 
 
 def test_both_header_forms_are_read() -> None:
@@ -37,15 +41,72 @@ def test_matching_key_needs_an_exact_match() -> None:
 
 
 def test_authenticate_reasons() -> None:
-    assert authenticate({}, []).refusal is None  # no keys configured: open
-    missing = authenticate({}, KEYS)
+    open_api = authenticate({}, AuthSettings())  # no keys configured: open
+    assert open_api.refusal is None and open_api.principal is None
+    missing = authenticate({}, FLAT)
     assert missing.reason == "missing" and missing.refusal is not None
     assert missing.refusal.status == 401 and missing.refusal.code == "missing_api_key"
-    wrong = authenticate({"x-api-key": "nope"}, KEYS)
+    wrong = authenticate({"x-api-key": "nope"}, FLAT)
     assert wrong.reason == "invalid" and wrong.refusal is not None
     assert wrong.refusal.code == "invalid_api_key"
-    ok = authenticate({"authorization": "Bearer alpha-key"}, KEYS)
-    assert ok.refusal is None and ok.key == "alpha-key"
+    ok = authenticate({"authorization": "Bearer beta-key"}, FLAT)
+    assert ok.refusal is None and ok.principal is not None
+    assert ok.principal.name == "api_keys[1]" and ok.principal.has("admin")  # every scope
+
+
+def test_named_keys_carry_their_scopes_models_and_rate() -> None:
+    auth = AuthSettings(
+        api_keys=["flat-key"],
+        keys=[
+            {"name": "app", "key_sha256": key_digest("app-key").hex(), "models": ["default"]},
+            {
+                "name": "ops",
+                "key_sha256": key_digest("ops-key").hex().upper(),  # any case
+                "scopes": ["models", "mcp"],
+                "rate_limit": {"requests_per_minute": 5},
+            },
+        ],
+    )
+    app = authenticate({"x-api-key": "app-key"}, auth).principal
+    assert app is not None and app.name == "app" and app.scopes == {"inference"}
+    assert app.may_use("smollm2", ["default"]) and not app.may_use("other")
+    ops = authenticate({"authorization": "Bearer ops-key"}, auth).principal
+    assert ops is not None and ops.requests_per_minute == 5 and not ops.has("inference")
+    assert authenticate({"x-api-key": "ops-keyy"}, auth).refusal is not None  # exact only
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "scope"),
+    [
+        ("POST", "/v1/chat/completions", "inference"),
+        ("POST", "/v1/messages", "inference"),
+        ("POST", "/v1/responses", "inference"),
+        ("POST", "/v1/embeddings", "inference"),
+        ("POST", "/tokenize", "inference"),
+        ("GET", "/v1/models", "inference"),
+        ("POST", "/api/chat", "inference"),
+        ("POST", "/v1/models/default/load", "models"),
+        ("POST", "/v1/models/org/name/unload", "models"),
+        ("POST", "/v1/mcp/execute", "mcp"),
+        ("GET", "/v1/mcp/tools", "mcp"),
+        ("GET", "/v1/status", "admin"),
+        ("GET", "/metrics", "admin"),
+        ("DELETE", "/v1/cache", "admin"),
+        ("GET", "/elsewhere", "admin"),  # deny by default
+    ],
+)
+def test_required_scope(method: str, path: str, scope: str) -> None:
+    assert required_scope(method, path) == scope
+
+
+def test_a_scope_refusal_names_the_key_and_the_scope() -> None:
+    auth = AuthSettings(keys=[{"name": "app", "key_sha256": key_digest("sk-s3cr3t").hex()}])
+    app = authenticate({"x-api-key": "sk-s3cr3t"}, auth).principal
+    assert app is not None
+    refusal = scope_refusal(app, "POST", "/v1/mcp/execute")
+    assert refusal is not None and refusal.status == 403 and refusal.code == "missing_scope"
+    assert "'app'" in refusal.message and "'mcp'" in refusal.message
+    assert "s3cr3t" not in refusal.message  # the secret is never echoed
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from vllm_mlx.api.error_shapes import anthropic_error_body
 from vllm_mlx.api.errors import APIError, model_not_found
 from vllm_mlx.api.openai.schema import ModelCard
 from vllm_mlx.api.pipeline.acquire import load, manager_of
+from vllm_mlx.api.principal import check_model, visible
 from vllm_mlx.api.state import ServerState, server_state
 from vllm_mlx.engine.fleet.footprint import footprint
 from vllm_mlx.engine.fleet.registry import ModelEntry
@@ -37,7 +38,7 @@ def _model_card(model_id: str, created: int) -> ModelCard:
 
 def model_cards(state: ServerState) -> list[ModelCard]:
     cards = []
-    for entry in state.registry.entries():
+    for entry in visible(state.registry.entries()):
         name = entry.settings.name
         cards.append(_model_card(name, entry.created))
         cards.extend(_model_card(a, entry.created) for a in state.registry.aliases_of(name))
@@ -58,7 +59,7 @@ def _rfc3339(timestamp: int) -> str:
 
 def model_infos(state: ServerState) -> list[ModelInfo]:
     infos: list[ModelInfo] = []
-    for entry in state.registry.entries():
+    for entry in visible(state.registry.entries()):
         name = entry.settings.name
         context = entry.engine.context_length if entry.engine is not None else None
         for model_id in (name, *state.registry.aliases_of(name)):
@@ -158,6 +159,7 @@ async def model_action(request: Request[Any, Any, Any], model_id: FromPath[str])
     entry = state.registry.resolve(model_id)
     if entry is None:
         raise model_not_found(model_id)
+    check_model(model_id, entry.settings.name, entry.settings.aliases)
     if state.draining:
         raise APIError(503, "the server is shutting down", "unavailable", code="shutting_down")
     manager = manager_of(state)

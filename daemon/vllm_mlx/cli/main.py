@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_mlx.cli.service import add_service_parser
 
     add_service_parser(commands)
+    from vllm_mlx.cli.keys import add_keys_parser
+
+    add_keys_parser(commands)
     return parser
 
 
@@ -138,6 +141,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from vllm_mlx.cli.keys import cmd_keys
     from vllm_mlx.cli.models import cmd_models
     from vllm_mlx.cli.service import cmd_service
 
@@ -150,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "models": cmd_models,
         "reload": cmd_reload,
         "service": cmd_service,
+        "keys": cmd_keys,
     }
     return handlers[args.command](args)
 

@@ -296,35 +296,6 @@ class LimitsSettings(Section):
     )
 
 
-class AuthSettings(Section):
-    api_keys: list[str] = setting(
-        [],
-        Reload.HOT,
-        "Keys accepted on every /v1 route, sent as `Authorization: Bearer KEY` or "
-        "`x-api-key: KEY`; empty: the API is open.",
-    )
-    rate_limit: int = setting(
-        0,
-        Reload.HOT,
-        "Requests per minute per client on /v1 routes (the API key when one is sent, else "
-        "the peer address); over it: 429 with Retry-After. 0 = off.",
-        ge=0,
-    )
-    metrics_require_key: bool = setting(
-        False,
-        Reload.HOT,
-        "Require an API key on /metrics too (it is open by default, like /health).",
-    )
-
-    @field_validator("api_keys")
-    @classmethod
-    def _usable_keys(cls, value: list[str]) -> list[str]:
-        for key in value:
-            if not key or key != key.strip() or any(c.isspace() for c in key):
-                raise ValueError("API keys must be non-empty and contain no whitespace")
-        return value
-
-
 class MetricsSettings(Section):
     enabled: bool = setting(
         False, Reload.HOT, "Serve Prometheus metrics at GET /metrics (404 when off)."

@@ -15,9 +15,11 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from vllm_mlx.config.auth import AuthSettings
 from vllm_mlx.config.distributed import DistributedSettings, check_distributed_models
 from vllm_mlx.config.fields import (
     FileDataSource,
+    LocatedError,
     Reload,
     setting,
 )
@@ -26,7 +28,6 @@ from vllm_mlx.config.memory import MemorySettings
 from vllm_mlx.config.model import ModelSettings, check_unique_model_ids
 from vllm_mlx.config.ollama import OllamaSettings, overlaps
 from vllm_mlx.config.sections import (
-    AuthSettings,
     DefaultsSettings,
     EngineSettings,
     LimitsSettings,
@@ -106,6 +107,19 @@ class Settings(BaseSettings):
                 f"server.port already listen on ({self.server.host}:{self.server.port}); "
                 f"use another port (Ollama's is 11434)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _key_models_served(self) -> Settings:
+        served = {i for m in self.models for i in (m.name, *m.aliases)}
+        for index, key in enumerate(self.auth.keys):
+            for position, name in enumerate(key.models or []):
+                if name not in served:
+                    raise LocatedError(
+                        f"key '{key.name}' names model '{name}', which is not served "
+                        f"(served: {', '.join(sorted(served))})",
+                        ("auth", "keys", index, "models", position),
+                    )
         return self
 
     @model_validator(mode="after")

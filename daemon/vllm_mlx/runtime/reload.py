@@ -94,7 +94,13 @@ def merge(running: M, new: M, take: Take, prefix: str = "") -> tuple[M, list[Cha
         changes.extend(found)
         if merged is not old:
             updates[name] = merged
-    return (running.model_copy(update=updates) if updates else running), changes
+    if not updates:
+        return running, changes
+    if all(take(change) for change in changes):
+        # Every change applies: the new, validated object itself, so what its validators
+        # derived (a named key's digest) is never left behind by a copy.
+        return new, changes
+    return running.model_copy(update=updates), changes
 
 
 def _merge_value(

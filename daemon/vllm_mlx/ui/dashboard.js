@@ -102,10 +102,10 @@ async function poll() {
   clearTimeout(polling);
   try {
     const response = await fetch("v1/status", { headers: headers(), cache: "no-store" });
-    if (response.status === 401) {
+    if (response.status === 401 || response.status === 403) {
       const message = await errorText(response);
       setOverall("locked");
-      banner("The daemon needs an API key to show its status.");
+      banner("The daemon needs an API key with the admin scope to show its status.");
       askForKey(key() ? `That key was refused: ${message}` : "This daemon needs an API key.");
       return; // resumes when a key is entered
     }

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vllm_mlx.api.errors import APIError
+from vllm_mlx.api.principal import Principal
+from vllm_mlx.config.auth import SCOPES, AuthSettings, Scope
 
 Protocol = Literal["openai", "anthropic", "ollama"]
 
@@ -66,25 +68,84 @@ def matching_key(presented: Sequence[str], keys: Sequence[str]) -> str | None:
     return found
 
 
+def _principals(auth: AuthSettings) -> list[tuple[bytes, Principal]]:
+    """Every configured key as (digest, who): the flat list with every scope, then the
+    named keys with theirs."""
+    table = [
+        (_digest(key), Principal(f"api_keys[{n}]", frozenset(SCOPES)))
+        for n, key in enumerate(auth.api_keys)
+    ]
+    for named in auth.keys:
+        models = frozenset(named.models) if named.models is not None else None
+        who = Principal(
+            named.name, frozenset(named.scopes), models, named.rate_limit.requests_per_minute
+        )
+        table.append((named.digest, who))
+    return table
+
+
+def matching_principal(presented: Sequence[str], auth: AuthSettings) -> Principal | None:
+    """Who presented one of the configured keys; every presented key is compared with
+    every configured digest (constant time), and the first configured match wins."""
+    found: Principal | None = None
+    for candidate in reversed(presented):
+        wanted = _digest(candidate)
+        for digest, who in reversed(_principals(auth)):
+            if hmac.compare_digest(wanted, digest):
+                found = who
+    return found
+
+
 @dataclass(frozen=True)
 class AuthResult:
-    key: str | None  # the configured key the request presented, if any
+    principal: Principal | None  # who the request is, when keys are configured
     refusal: APIError | None = None
     reason: str = ""  # "missing" or "invalid" when refused
 
 
-def authenticate(headers: Mapping[str, str], keys: Sequence[str]) -> AuthResult:
-    if not keys:
+def authenticate(headers: Mapping[str, str], auth: AuthSettings) -> AuthResult:
+    if not auth.enabled:
         return AuthResult(None)
     presented = presented_keys(headers)
     if not presented:
         message = "Missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'."
         refusal = APIError(401, message, "authentication", code="missing_api_key")
         return AuthResult(None, refusal, "missing")
-    key = matching_key(presented, keys)
-    if key is None:
+    principal = matching_principal(presented, auth)
+    if principal is None:
         error = APIError(
             401, "Incorrect API key provided.", "authentication", code="invalid_api_key"
         )
         return AuthResult(None, error, "invalid")
-    return AuthResult(key)
+    return AuthResult(principal)
+
+
+# --- scopes ---------------------------------------------------------------------------
+
+
+def required_scope(method: str, path: str) -> Scope:
+    """The scope a route needs. Deny by default: a path not listed needs `admin` unless
+    it is one of the API families below."""
+    if path == "/v1/mcp" or path.startswith("/v1/mcp/"):
+        return "mcp"
+    if method == "POST" and path.startswith("/v1/models/") and path.endswith(("/load", "/unload")):
+        return "models"
+    if path in ("/v1/status", "/metrics") or path.startswith("/v1/cache"):
+        return "admin"
+    if is_api_path(path):
+        return "inference"
+    return "admin"
+
+
+def scope_refusal(principal: Principal, method: str, path: str) -> APIError | None:
+    scope = required_scope(method, path)
+    if principal.has(scope):
+        return None
+    held = ", ".join(sorted(principal.scopes))
+    return APIError(
+        403,
+        f"the API key '{principal.name}' lacks the '{scope}' scope that {method} {path} "
+        f"needs (its scopes: {held})",
+        "permission",
+        code="missing_scope",
+    )

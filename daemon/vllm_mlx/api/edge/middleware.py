@@ -19,12 +19,13 @@ from typing import Any
 
 from vllm_mlx.api.dashboard import OPEN_UI_PATHS
 from vllm_mlx.api.edge import boundary, cors
-from vllm_mlx.api.edge.auth import authenticate, is_api_path, protocol_of
+from vllm_mlx.api.edge.auth import authenticate, is_api_path, protocol_of, scope_refusal
 from vllm_mlx.api.edge.limits import RateLimiter, client_id, retry_after_header
 from vllm_mlx.api.edge.refusals import BodyCapture, error_message, log_refusal
 from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.state import ServerState, open_note, remember_settings
+from vllm_mlx.api.principal import current_principal
+from vllm_mlx.api.state import NOTE_KEY, ServerState, open_note, remember_settings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.fleet.leases import release_all, request_leases
 
@@ -93,9 +94,11 @@ class OpsMiddleware:
         origin = cors.allowed_origin(headers.get("origin"), settings.server.cors_origins)
         response = _Response(send, cors.response_headers(origin) if origin else [])
         note = open_note(scope)
+        caller = current_principal.set(None)  # set by the key check, for this request only
         try:
             await self._handle(scope, receive, response, headers, settings)
         finally:
+            current_principal.reset(caller)
             client = scope.get("client")
             peer = str(client[0]) if client else None
             route = self._route(scope)
@@ -178,24 +181,35 @@ class OpsMiddleware:
     def _gate(
         self, scope: Scope, path: str, headers: Mapping[str, str], settings: Settings
     ) -> APIError | None:
-        """401 for a missing or wrong key, 429 over the rate limit, else None."""
+        """401 for a missing or wrong key, 403 outside its scopes, 429 over its rate
+        limit, else None (and the caller is known for the rest of the request)."""
         auth = settings.auth
-        result = authenticate(headers, auth.api_keys)
+        result = authenticate(headers, auth)
         client = scope.get("client")
         peer = str(client[0]) if client else None
         if result.refusal is not None:  # logged with every 4xx (refusals.py)
             self.state.metrics.unauthorized.labels(result.reason).inc()
             return result.refusal
-        if auth.rate_limit <= 0 or not is_api_path(path) or _unlimited_read(scope, path):
+        principal = result.principal
+        if principal is not None:
+            scope[NOTE_KEY]["key"] = principal.name  # for the refusal and request log lines
+            current_principal.set(principal)
+            refusal = scope_refusal(principal, scope["method"], path)
+            if refusal is not None:
+                return refusal
+        rate = auth.rate_limit
+        if principal is not None and principal.requests_per_minute is not None:
+            rate = principal.requests_per_minute
+        if rate <= 0 or not is_api_path(path) or _unlimited_read(scope, path):
             return None
-        wait = self.limiter.acquire(client_id(result.key, peer), auth.rate_limit)
+        wait = self.limiter.acquire(client_id(principal.name if principal else None, peer), rate)
         if wait is None:
             return None
         self.state.metrics.rate_limited.inc()
         retry = retry_after_header(wait)
         return APIError(
             429,
-            f"Rate limit of {auth.rate_limit} requests per minute exceeded; retry in {retry} s.",
+            f"Rate limit of {rate} requests per minute exceeded; retry in {retry} s.",
             "rate_limit",
             code="rate_limit_exceeded",
             headers={"Retry-After": retry},

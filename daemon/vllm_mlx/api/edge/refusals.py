@@ -71,6 +71,7 @@ def log_refusal(
         route=route,
         method=method,
         model=note.get("model"),
+        key=note.get("key"),  # the key's name, never the key
         status=capture.status,
         error_type=kind,
         message=message,

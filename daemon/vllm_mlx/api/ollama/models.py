@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_mlx.api.ollama import convert
+from vllm_mlx.api.principal import visible
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.engine.fleet.footprint import footprint
@@ -147,7 +148,7 @@ def tags(state: ServerState) -> dict[str, Any]:
     return {
         "models": [
             _summary(entry, model_id, model_files(state, entry))
-            for entry in state.registry.entries()
+            for entry in visible(state.registry.entries())
             for model_id in _names(state, entry)
         ]
     }
@@ -167,7 +168,7 @@ def _expires_at(state: ServerState, entry: ModelEntry) -> str:
 def ps(state: ServerState) -> dict[str, Any]:
     """The models in memory now, with when keep_alive lets them go."""
     models = []
-    for entry in state.registry.entries():
+    for entry in visible(state.registry.entries()):
         if entry.runner is None:
             continue
         summary = _summary(entry, entry.settings.name, model_files(state, entry))

@@ -34,6 +34,7 @@ from vllm_mlx.api.pipeline import driver
 from vllm_mlx.api.pipeline.acquire import load, manager_of, served_entry
 from vllm_mlx.api.pipeline.embedding import cut, embed, output_dimensions, resolve_embedder
 from vllm_mlx.api.pipeline.turn import Turn, resolve_turn
+from vllm_mlx.api.principal import check_model
 from vllm_mlx.api.state import request_settings, server_state
 from vllm_mlx.engine.fleet.residency import ModelBusyError
 
@@ -218,6 +219,7 @@ async def show(request: Request[Any, Any, Any]) -> dict[str, Any]:
     entry = state.registry.resolve(convert.model_id(name))
     if entry is None:
         raise _not_found(name)
+    check_model(name, entry.settings.name, entry.settings.aliases)
     return await asyncio.to_thread(models.show, state, entry)
 
 
@@ -242,6 +244,7 @@ async def pull(request: Request[Any, Any, Any]) -> Response[Any]:
     entry = state.registry.resolve(convert.model_id(name))
     if entry is None:
         raise APIError(400, f'cannot pull "{name}": {CONFIG_ONLY}', "invalid_request", "model")
+    check_model(name, entry.settings.name, entry.settings.aliases)
     await load(state, entry, name, hold=False)
     return _one({"status": "success"}, body.stream)
 

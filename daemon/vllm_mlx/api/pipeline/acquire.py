@@ -7,6 +7,7 @@ the errors become APIErrors, which each protocol's router renders in its own sha
 from __future__ import annotations
 
 from vllm_mlx.api.errors import APIError, model_not_found
+from vllm_mlx.api.principal import check_model
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.engine.fleet.registry import LoadState, ModelEntry
 from vllm_mlx.engine.fleet.residency import ModelCapacityError, ModelLoadError, ModelManager
@@ -25,6 +26,7 @@ def served_entry(state: ServerState, model_id: str) -> ModelEntry:
     entry = state.registry.resolve(model_id)
     if entry is None:
         raise model_not_found(model_id)
+    check_model(model_id, entry.settings.name, entry.settings.aliases)
     return entry
 
 

@@ -9,6 +9,7 @@ import structlog
 
 from vllm_mlx.api.errors import to_api_error
 from vllm_mlx.api.pipeline.turn import Turn
+from vllm_mlx.api.principal import current_principal
 from vllm_mlx.engine.output import OutputEvent, RequestTrace, generate_text
 from vllm_mlx.engine.types import Finished, GenerationRequest, raise_for_failure
 from vllm_mlx.metrics.core import RequestMetrics
@@ -73,6 +74,7 @@ def _log_request(
         request_id=request.request_id,
         route=turn.route,
         model=turn.model_id,
+        key=caller.name if (caller := current_principal.get()) else None,  # a name, never a key
         status=status,
         prompt_tokens=len(request.prompt_tokens),
         cached_tokens=trace.cached_tokens,
