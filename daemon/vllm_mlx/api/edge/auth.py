@@ -7,7 +7,6 @@ protocol the client speaks, so each SDK raises its own AuthenticationError.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Literal
 
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.principal import Principal
-from vllm_mlx.config.auth import SCOPES, AuthSettings, Scope
+from vllm_mlx.config.auth import SCOPES, AuthSettings, Scope, key_digest
 
 Protocol = Literal["openai", "anthropic", "ollama"]
 
@@ -49,10 +48,6 @@ def presented_keys(headers: Mapping[str, str]) -> list[str]:
     return keys
 
 
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
-
-
 def matching_key(presented: Sequence[str], keys: Sequence[str]) -> str | None:
     """The configured key a request presented, compared in constant time.
 
@@ -61,9 +56,9 @@ def matching_key(presented: Sequence[str], keys: Sequence[str]) -> str | None:
     """
     found: str | None = None
     for candidate in presented:
-        wanted = _digest(candidate)
+        wanted = key_digest(candidate)
         for key in keys:
-            if hmac.compare_digest(wanted, _digest(key)):
+            if hmac.compare_digest(wanted, key_digest(key)):
                 found = key
     return found
 
@@ -72,7 +67,7 @@ def _principals(auth: AuthSettings) -> list[tuple[bytes, Principal]]:
     """Every configured key as (digest, who): the flat list with every scope, then the
     named keys with theirs."""
     table = [
-        (_digest(key), Principal(f"api_keys[{n}]", frozenset(SCOPES)))
+        (key_digest(key), Principal(f"api_keys[{n}]", frozenset(SCOPES)))
         for n, key in enumerate(auth.api_keys)
     ]
     for named in auth.keys:
@@ -88,9 +83,10 @@ def matching_principal(presented: Sequence[str], auth: AuthSettings) -> Principa
     """Who presented one of the configured keys; every presented key is compared with
     every configured digest (constant time), and the first configured match wins."""
     found: Principal | None = None
+    table = _principals(auth)  # once per request, not once per presented key
     for candidate in reversed(presented):
-        wanted = _digest(candidate)
-        for digest, who in reversed(_principals(auth)):
+        wanted = key_digest(candidate)
+        for digest, who in reversed(table):
             if hmac.compare_digest(wanted, digest):
                 found = who
     return found
