@@ -26,6 +26,15 @@ COMPLETION = {"model": "default", "prompt": "Hi", "max_tokens": 1}
 MESSAGE = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 JSON = {"content-type": "application/json"}
 CACHED_LIST_BLOCK = {"type": "text", "text": "x", "cache_control": ["ephemeral"]}
+CACHED_TOOL = {"name": "f", "input_schema": {"type": "object"}, "cache_control": 5}
+TOOL_TURNS = [
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f"}]},
+    {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "t1", "cache_control": "ephemeral"}],
+    },
+]
 
 
 @pytest.fixture(scope="module")
@@ -258,6 +267,9 @@ def test_openai_fields_take_their_own_type_only(
         ({"system": [{"type": "text", "text": "x", "cache_control": "yes"}]}, "cache_control"),
         ({"messages": [{"role": "user", "content": [CACHED_LIST_BLOCK]}]}, "cache_control"),
         ({"cache_control": {"type": "forever"}}, "cache_control"),
+        ({"tools": [CACHED_TOOL]}, "cache_control"),
+        ({"messages": TOOL_TURNS}, "cache_control"),
+        ({"system": [{"type": "text", "text": "x", "cache_control": True}]}, "cache_control"),
     ],
 )
 def test_anthropic_validation_is_as_strict_as_the_api(
@@ -265,7 +277,7 @@ def test_anthropic_validation_is_as_strict_as_the_api(
 ) -> None:
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         body = {**MESSAGE, **fields}
-        if path.endswith("count_tokens") and set(fields) - {"messages", "system"}:
+        if path.endswith("count_tokens") and set(fields) - {"messages", "system", "tools"}:
             continue  # count_tokens takes no sampling fields
         response = post(daemon, path, body)
         assert_anthropic_error(response, 400, "invalid_request_error", needle)

@@ -257,7 +257,11 @@ def test_check_config_warns_when_api_keys_are_readable_by_others(
     assert "warning" not in check_config(config, capsys)[1]
 
 
-@pytest.mark.parametrize("text", ["", "# only comments\n# here\n", "{}\n"])
+@pytest.mark.parametrize(
+    "text",
+    # Tabs on a blank line are YAML whitespace; PyYAML alone calls them a syntax error.
+    ["", "  \n\n", "# only comments\n# here\n", "{}\n", "\t\n", "\n \t# indented\r\n\t"],
+)
 def test_an_empty_file_is_ok_with_a_warning_that_defaults_apply(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:
@@ -265,6 +269,13 @@ def test_an_empty_file_is_ok_with_a_warning_that_defaults_apply(
     config.write_text(text)
     code, err = check_config(config, capsys)
     assert code == 0 and f"warning: {config} is empty" in err and "default" in err
+
+
+def test_a_tab_before_a_setting_is_still_a_syntax_error(tmp_path: Path) -> None:
+    path = tmp_path / "tabbed.yaml"
+    path.write_text("server:\n\tport: 8000\n")
+    (issue,) = issues(path)
+    assert "YAML syntax error" in issue.message and issue.line == 2
 
 
 def test_a_host_name_is_refused_at_its_line(tmp_path: Path) -> None:

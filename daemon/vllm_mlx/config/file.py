@@ -93,6 +93,10 @@ def _read_text(path: Path) -> str:
         raise ConfigError([ConfigIssue("", message, origin, line, column)]) from exc
 
 
+# Blank lines (spaces, tabs) and comments only: nothing a YAML parser could read as a key.
+_BLANK_OR_COMMENT = re.compile(r"(?:[ \t\r]*(?:#[^\n]*)?(?:\n|\Z))*")
+
+
 def read_config_file(path: Path) -> tuple[dict[str, Any], KeyPositions]:
     """Parse the YAML file; syntax errors and a non-mapping root become ConfigErrors."""
     origin = str(path)
@@ -102,6 +106,10 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], KeyPositions]:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
+        if _BLANK_OR_COMMENT.fullmatch(text.removeprefix("\ufeff")):
+            # YAML allows tabs on a blank line, PyYAML refuses them ("found character
+            # '\t' that cannot start any token"): such a file is empty, not broken.
+            return {}, positions
         mark = exc.problem_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
         message = f"YAML syntax error: {exc.problem or exc}"
