@@ -12,6 +12,7 @@ from vllm_mlx.config.mcp import McpSettings
 from vllm_mlx.mcp.supervisor import ServerState, ServerSupervisor, ServerUnavailableError
 from vllm_mlx.mcp.tools import McpTool, ToolResult, error_result
 from vllm_mlx.metrics.core import Metrics
+from vllm_mlx.telemetry import hooks as tracing
 
 log = structlog.get_logger(__name__)
 
@@ -111,5 +112,6 @@ class McpManager:
         return supervisor is not None and supervisor.state is not ServerState.READY
 
     def _observe(self, tool: McpTool, outcome: str, started: float) -> None:
+        tracing.tool_call(tool.full_name, outcome, started)
         if self.metrics is not None:
             self.metrics.mcp_call(tool.server, tool.name, outcome, time.monotonic() - started)

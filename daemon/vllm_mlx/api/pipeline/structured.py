@@ -33,6 +33,7 @@ from vllm_mlx.parsers.pipeline import OutputParser, make_output_parser
 from vllm_mlx.parsers.reasoning import get_reasoning_parser
 from vllm_mlx.parsers.tool_calls.base import ToolCallParser
 from vllm_mlx.parsers.types import ToolSpec
+from vllm_mlx.telemetry import hooks as tracing
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,11 @@ async def _compile(turn: Turn, constraint: Constraint) -> CompiledConstraint:
     (a 400 naming the field), not the prompt's 413.
     """
     compiler = turn.engine.constraints
+    attributes = {"vllm_mlx.constraint.kind": constraint.kind}
     try:
-        async with asyncio.timeout(compiler.compile_timeout):
-            compiled: CompiledConstraint = await in_worker(compiler.compile, constraint)
+        with tracing.span("structured_output.compile", attributes):
+            async with asyncio.timeout(compiler.compile_timeout):
+                compiled: CompiledConstraint = await in_worker(compiler.compile, constraint)
         return compiled
     except TimeoutError:
         message = f"compiling the constraint took longer than {compiler.compile_timeout:g} s"

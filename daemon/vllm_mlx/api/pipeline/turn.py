@@ -25,6 +25,7 @@ from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.types import GenerationRequest, SamplingParams, SharedPrefill, TokenConstraint
 from vllm_mlx.metrics.core import Metrics
 from vllm_mlx.parsers.reasoning import get_reasoning_parser
+from vllm_mlx.telemetry import hooks as tracing
 
 T = TypeVar("T")
 
@@ -55,7 +56,9 @@ class Turn:
 
     async def prompt(self, fn: Callable[..., list[int]], *args: Any) -> Prompt:
         """A prompt rendered and tokenised by fn(*args), off the event loop."""
-        return self.prompt_of(await self.off_loop(fn, *args))
+        with tracing.span("prompt.render"):
+            tokens = await self.off_loop(fn, *args)
+        return self.prompt_of(tokens)
 
     def prompt_of(self, tokens: list[int]) -> Prompt:
         opens = False
