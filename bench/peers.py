@@ -39,6 +39,7 @@ class PeerSpec:
     model_id: str = "default"
     port: int = 0
     skip: str | None = None
+    api_key: str | None = None  # sent by the readiness probe when the server wants one
 
     @property
     def base_url(self) -> str:
@@ -160,8 +161,11 @@ def _ready(spec: PeerSpec) -> bool:
         "messages": [{"role": "user", "content": "Hi"}],
         "max_tokens": 1,
     }
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
     try:
-        reply = httpx.post(f"{spec.base_url}/v1/chat/completions", json=body, timeout=60)
+        reply = httpx.post(
+            f"{spec.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60
+        )
     except httpx.HTTPError:
         return False
     return reply.status_code == 200

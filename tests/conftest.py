@@ -79,10 +79,11 @@ def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("model-cache")
 
 
-def base_config(port: int, cache_dir: Path) -> dict[str, Any]:
+def base_config(port: int, cache_dir: Path, state_dir: Path) -> dict[str, Any]:
     return {
         "server": {"host": "127.0.0.1", "port": port},
-        "paths": {"cache_dir": str(cache_dir)},
+        # Each daemon its own usage database unless a test names one (restarts do).
+        "paths": {"cache_dir": str(cache_dir), "state_dir": str(state_dir)},
         "logging": {"format": "json"},
         # The model cache directory is shared by every test daemon: a disk tier there
         # would let one test's prompts warm another's. The tests of the tier turn it on.
@@ -110,7 +111,8 @@ def launch(
     """Write the YAML file and start `python -m vllm_mlx.cli serve --config FILE` (through
     tests/support/replay_daemon.py when a model has a test-only `replay:` source)."""
     port = free_port()
-    settings, replays = split_replays(deep_merge(base_config(port, cache_dir), config or {}))
+    base = base_config(port, cache_dir, directory / f"state-{port}")
+    settings, replays = split_replays(deep_merge(base, config or {}))
     config_path = directory / f"vllm-mlx-{port}.yaml"
     config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     log_path = directory / f"daemon-{port}.log"

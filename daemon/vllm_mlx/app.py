@@ -22,6 +22,7 @@ from vllm_mlx.api.ops import health, install_ops, metrics, status
 from vllm_mlx.api.responses.routes import make_responses_router
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.api.tokenize import make_tokenize_router
+from vllm_mlx.api.usage_routes import make_usage_router
 
 
 def _plain_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -53,6 +54,7 @@ def create_app(state: ServerState) -> Litestar:
             make_responses_router(),
             make_ollama_router(),
             make_cache_router(),
+            make_usage_router(),
             root,
             root_head,
             ui_page,

@@ -75,6 +75,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/v1/mcp/execute", {"tool_name": "none__here", "arguments": {}}, "mcp"),
     ("GET", "/v1/status", None, "admin"),
     ("GET", "/v1/cache/stats", None, "admin"),
+    ("GET", "/v1/usage", None, "admin"),
     ("GET", "/metrics", None, "admin"),
 ]
 

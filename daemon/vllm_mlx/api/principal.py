@@ -23,6 +23,9 @@ class Principal:
     scopes: frozenset[Scope]
     models: frozenset[str] | None = None  # names or aliases; None: every model
     requests_per_minute: int | None = None  # None: auth.rate_limit
+    tokens_per_minute: int | None = None  # None or 0: no limit
+    tokens_per_day: int | None = None  # quotas; None: none
+    tokens_per_month: int | None = None
 
     def has(self, scope: Scope) -> bool:
         return "admin" in self.scopes or scope in self.scopes

@@ -16,6 +16,8 @@ from vllm_mlx.engine.fleet.registry import ModelRegistry
 from vllm_mlx.engine.fleet.residency import ModelManager
 from vllm_mlx.mcp.manager import McpManager
 from vllm_mlx.metrics.core import Metrics
+from vllm_mlx.telemetry.hooks import Tracing
+from vllm_mlx.usage.ledger import UsageLedger
 
 
 @dataclass
@@ -39,6 +41,10 @@ class ServerState:
     residency: ModelManager | None = None
     # Rank 0 of a distributed group: the ranks, their times, and whether it failed.
     distributed: GroupStatus | None = None
+    # Usage per key (SQLite); the daemon opens it while `usage.enabled` (None: not counted).
+    usage: UsageLedger | None = None
+    # OpenTelemetry traces; the daemon starts them when an endpoint is set (None: off).
+    tracing: Tracing | None = None
 
     def __post_init__(self) -> None:
         self.mcp = McpManager(self.metrics)

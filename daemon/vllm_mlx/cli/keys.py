@@ -1,4 +1,5 @@
-"""`vllm-mlx keys new NAME`: a fresh random key, printed once, and its YAML entry.
+"""`vllm-mlx keys new NAME`: a fresh random key, printed once, and its YAML entry
+(`vllm-mlx keys usage`, the usage table, is in keys_usage.py).
 
 The entry holds only the key's SHA-256, so the config file never holds a usable
 secret; the key itself is shown this once and kept nowhere by vllm-mlx.
@@ -14,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from vllm_mlx.cli.keys_usage import add_usage_parser, cmd_usage
 from vllm_mlx.config.auth import KEY_NAME, SCOPES
 
 KEY_PREFIX = "sk-vllm-mlx-"
@@ -30,6 +32,7 @@ def add_keys_parser(commands: Any) -> None:
         help=f"comma-separated, of {', '.join(SCOPES)} (default: inference)",
     )
     new.add_argument("--models", help="comma-separated model names or aliases (default: all)")
+    add_usage_parser(actions)
 
 
 def _listed(value: str | None) -> list[str]:
@@ -49,6 +52,12 @@ def new_key_entry(name: str, scopes: list[str], models: list[str]) -> tuple[str,
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    if args.keys_command == "usage":
+        return cmd_usage(args)
+    return _cmd_new(args)
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
     if not KEY_NAME.fullmatch(args.name):
         print(
             f"vllm-mlx keys: {args.name!r} is not a key name (letters, digits and . _ -)",

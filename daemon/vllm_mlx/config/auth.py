@@ -43,6 +43,34 @@ class KeyRateLimit(Section):
         "Requests per minute this key may make; unset: `auth.rate_limit`; 0: unlimited.",
         ge=0,
     )
+    tokens_per_minute: int | None = setting(
+        None,
+        Reload.HOT,
+        "Prompt + completion tokens per minute this key may spend; unset or 0: no limit. "
+        "A request is admitted while the key is under the limit and its tokens are "
+        "counted when it ends, so one large request may overdraw the minute.",
+        ge=0,
+    )
+
+
+class KeyQuota(Section):
+    tokens_per_day: int | None = setting(
+        None,
+        Reload.HOT,
+        "Prompt + completion tokens this key may spend per UTC day (resets 00:00 UTC); "
+        "unset: no quota. Needs `usage.enabled`.",
+        ge=1,
+    )
+    tokens_per_month: int | None = setting(
+        None,
+        Reload.HOT,
+        "Prompt + completion tokens per calendar month (UTC); unset: no quota.",
+        ge=1,
+    )
+
+    @property
+    def limited(self) -> bool:
+        return self.tokens_per_day is not None or self.tokens_per_month is not None
 
 
 class NamedKey(Section):
@@ -55,6 +83,7 @@ class NamedKey(Section):
         None, Reload.HOT, "Model names or aliases the key may use; unset: every model."
     )
     rate_limit: KeyRateLimit = setting(KeyRateLimit(), Reload.HOT, "The key's own rate limit.")
+    quota: KeyQuota = setting(KeyQuota(), Reload.HOT, "The key's token quotas.")
 
     _digest: bytes = PrivateAttr(default=b"")
 
@@ -131,10 +160,12 @@ class AuthSettings(Section):
         [],
         Reload.HOT,
         "Named keys, each `{name, key_sha256 | key_env | key_file, scopes, models, "
-        "rate_limit: {requests_per_minute}}`. Scopes: `inference` (chat, completions, "
+        "rate_limit: {requests_per_minute, tokens_per_minute}, quota: {tokens_per_day, "
+        "tokens_per_month}}`. Scopes: `inference` (chat, completions, "
         "responses, messages, embeddings, tokenize, the model lists, Ollama's API), "
-        "`models` (load and unload), `mcp` (/v1/mcp/*), `admin` (everything, /v1/status "
-        "and the cache routes included). Default scopes: [inference]; default models: all.",
+        "`models` (load and unload), `mcp` (/v1/mcp/*), `admin` (everything, /v1/status, "
+        "/v1/usage and the cache routes included). Default scopes: [inference]; default "
+        "models: all.",
         leaf=True,
     )
     rate_limit: int = setting(

@@ -340,3 +340,29 @@ class PathsSettings(Section):
         "Where imported GGUF models are kept; default: the platform cache directory "
         "(~/Library/Caches/vllm-mlx on macOS, $XDG_CACHE_HOME/vllm-mlx on Linux).",
     )
+    state_dir: Path | None = setting(
+        None,
+        Reload.RESTART,
+        "Where the daemon keeps what must outlive it (the usage database); default: "
+        "~/Library/Application Support/vllm-mlx on macOS, $XDG_STATE_HOME/vllm-mlx "
+        "(~/.local/state/vllm-mlx) on Linux.",
+    )
+
+
+class UsageSettings(Section):
+    """Usage accounting: per key, model, route and day, in SQLite (docs/operations.md)."""
+
+    enabled: bool = setting(
+        True,
+        Reload.HOT,
+        "Count requests and tokens per key, model, route and day in `usage.sqlite3` under "
+        "`paths.state_dir` (GET /v1/usage, `vllm-mlx keys usage`, the `key` label on "
+        "/metrics). Key quotas need it.",
+    )
+    retention_days: int = setting(
+        400,
+        Reload.HOT,
+        "Days of usage kept; older days are deleted at start and once a day.",
+        ge=1,
+        le=100_000,
+    )

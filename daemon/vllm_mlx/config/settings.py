@@ -36,7 +36,9 @@ from vllm_mlx.config.sections import (
     PathsSettings,
     ResponsesSettings,
     ServerSettings,
+    UsageSettings,
 )
+from vllm_mlx.config.telemetry import TelemetrySettings
 
 ENV_PREFIX = "VLLM_MLX_"
 ENV_NESTED_DELIMITER = "__"
@@ -81,6 +83,7 @@ class Settings(BaseSettings):
     )
     logging: LoggingSettings = setting(LoggingSettings(), Reload.HOT, "Log level and format.")
     paths: PathsSettings = setting(PathsSettings(), Reload.MODEL, "Where files are kept.")
+    usage: UsageSettings = setting(UsageSettings(), Reload.HOT, "Usage accounting per key.")
     mcp: McpSettings = setting(McpSettings(), Reload.HOT, "MCP servers whose tools models use.")
     memory: MemorySettings = setting(
         MemorySettings(), Reload.HOT, "One memory budget for every loaded model."
@@ -90,6 +93,9 @@ class Settings(BaseSettings):
     )
     ollama: OllamaSettings = setting(
         OllamaSettings(), Reload.RESTART, "A second listener on Ollama's port."
+    )
+    telemetry: TelemetrySettings = setting(
+        TelemetrySettings(), Reload.RESTART, "OpenTelemetry traces over OTLP/HTTP."
     )
 
     @field_validator("models")
@@ -123,6 +129,19 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _quotas_counted(self) -> Settings:
+        if self.usage.enabled:
+            return self
+        for index, key in enumerate(self.auth.keys):
+            if key.quota.limited:
+                raise LocatedError(
+                    f"key '{key.name}' has a quota, and quotas are counted by the usage "
+                    "accounting, which usage.enabled: false turns off",
+                    ("auth", "keys", index, "quota"),
+                )
+        return self
+
+    @model_validator(mode="after")
     def _distributed_models(self) -> Settings:
         budgeted = self.memory.budget_mb is not None or self.memory.budget_percent is not None
         check_distributed_models(self.distributed, self.models, budgeted)
@@ -145,9 +164,21 @@ class Settings(BaseSettings):
             return self.paths.cache_dir.expanduser()
         return default_cache_dir()
 
+    def resolved_state_dir(self) -> Path:
+        if self.paths.state_dir is not None:
+            return self.paths.state_dir.expanduser()
+        return default_state_dir()
+
 
 def default_cache_dir() -> Path:
     if os.uname().sysname == "Darwin":
         return Path.home() / "Library" / "Caches" / "vllm-mlx"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vllm-mlx"
+
+
+def default_state_dir() -> Path:
+    if os.uname().sysname == "Darwin":
+        return Path.home() / "Library" / "Application Support" / "vllm-mlx"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "vllm-mlx"

@@ -17,6 +17,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from vllm_mlx.metrics.activity import Activity
+from vllm_mlx.metrics.keys import KeyMetrics
 from vllm_mlx.metrics.live import (
     GroupCollector,
     GroupSource,
@@ -93,6 +94,7 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.started_at = time.time()
         self.activity = Activity()  # the status page's last ten minutes
+        self.keys = KeyMetrics(self.registry)  # the `key`-labelled usage counters
         self._live: LiveCollector | None = None
         self._models: set[str] = set()
         self._define_engine_metrics(build_1_2_5_buckets(token_bucket_max))

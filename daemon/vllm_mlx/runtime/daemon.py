@@ -37,9 +37,16 @@ from vllm_mlx.engine.scheduler_state import scheduler_config
 from vllm_mlx.logging import configure_logging
 from vllm_mlx.metrics.models import ModelMetrics
 from vllm_mlx.models.estimate import estimated_bytes
-from vllm_mlx.runtime.lifecycle import RequestTracker, exit_now, remove_pid_file, write_pid_file
+from vllm_mlx.runtime.lifecycle import (
+    RequestTracker,
+    exit_now,
+    open_ledger,
+    remove_pid_file,
+    write_pid_file,
+)
 from vllm_mlx.runtime.listener import Listener, ListenerFailedError, model_loader, start_listener
 from vllm_mlx.runtime.reload import Change, Reloader, watch_config
+from vllm_mlx.telemetry.setup import start_tracing
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +92,7 @@ class Daemon:
         self.exit_code = 0
         self.reloader.add_listener(self._apply_mcp)
         self.reloader.add_listener(self._apply_residency)
+        self.reloader.add_listener(self._apply_usage)
         self.listeners: list[Listener] = []
         self.pid_file: Path | None = None
         self._stopping = False
@@ -119,6 +127,10 @@ class Daemon:
     def _apply_mcp(self, previous: Settings, current: Settings) -> None:
         if previous.mcp != current.mcp:
             self.state.mcp.apply(current.mcp)
+
+    def _apply_usage(self, previous: Settings, current: Settings) -> None:
+        if current.usage.enabled and self.state.usage is None:
+            self.state.usage = open_ledger(current)  # turned on by a reload
 
     def _apply_residency(self, previous: Settings, current: Settings) -> None:
         """keep_alive, pin and the budget apply to the running daemon at once."""
@@ -303,6 +315,12 @@ class Daemon:
             log.warning("config file readable by others", detail=warning)
         if settings.engine.prefix_cache_mb is not None:
             log.warning("engine.prefix_cache_mb is deprecated: rename it engine.cache_memory_mb")
+        if settings.usage.enabled:
+            self.state.usage = open_ledger(settings)
+            if self.state.usage is None and any(k.quota.limited for k in settings.auth.keys):
+                log.error("exiting: key quotas are set and usage cannot be counted")
+                return 1  # serving would hand every key an unlimited quota
+        self.state.tracing = start_tracing(settings.telemetry, os.environ)  # None: off
         self._startup_loads = self._spawn(self._load_startup())
         self._listen(settings)
         second = settings.ollama.address()
@@ -331,6 +349,10 @@ class Daemon:
             stop_watching.set()
             await self.state.mcp.close()
             self._stop_engines()
+            if self.state.tracing is not None:
+                self.state.tracing.shutdown()  # the last spans, waited for a few seconds
+            if self.state.usage is not None:
+                self.state.usage.close()  # writes what the last quarter second counted
             remove_pid_file(self.pid_file)
             log.info("stopped", exit_code=self.exit_code)
         return self.exit_code

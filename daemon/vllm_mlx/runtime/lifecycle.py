@@ -1,5 +1,5 @@
 """What shutdown and reload wait on: in-flight HTTP requests, and the daemon's pid file;
-and how the process leaves when a model load is still running.
+how the process leaves when a model load is still running; the usage database it opens.
 
 The tracker sits between Granian and the app, so a request counts from its first byte
 until the app has handed over its last response byte: drain and model swaps wait on
@@ -12,17 +12,25 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+import structlog
+
+from vllm_mlx.config.settings import Settings
+from vllm_mlx.usage.ledger import UsageLedger
+from vllm_mlx.usage.store import DATABASE_NAME
+
 # Loose on purpose: Litestar's own ASGI types are narrower unions of typed dicts.
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 PID_FILE_TEMPLATE = "vllm-mlx-{port}.pid"
+log = structlog.get_logger(__name__)
 SYSTEM_RUN_DIR = Path("/var/run/vllm-mlx" if sys.platform == "darwin" else "/run/vllm-mlx")
 
 
@@ -178,3 +186,14 @@ def exit_now(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def open_ledger(settings: Settings) -> UsageLedger | None:
+    """The usage database under `paths.state_dir`, or None (logged) when it cannot be
+    opened: a read-only or full disk, or a file from a newer version."""
+    path = settings.resolved_state_dir() / DATABASE_NAME
+    try:
+        return UsageLedger(path, lambda: settings.usage.retention_days)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:
+        log.error("cannot open the usage database", path=str(path), error=str(exc))
+        return None

@@ -73,7 +73,13 @@ def _principals(auth: AuthSettings) -> list[tuple[bytes, Principal]]:
     for named in auth.keys:
         models = frozenset(named.models) if named.models is not None else None
         who = Principal(
-            named.name, frozenset(named.scopes), models, named.rate_limit.requests_per_minute
+            named.name,
+            frozenset(named.scopes),
+            models,
+            named.rate_limit.requests_per_minute,
+            named.rate_limit.tokens_per_minute,
+            named.quota.tokens_per_day,
+            named.quota.tokens_per_month,
         )
         table.append((named.digest, who))
     return table
@@ -126,7 +132,7 @@ def required_scope(method: str, path: str) -> Scope:
         return "mcp"
     if method == "POST" and path.startswith("/v1/models/") and path.endswith(("/load", "/unload")):
         return "models"
-    if path in ("/v1/status", "/metrics") or path.startswith("/v1/cache"):
+    if path in ("/v1/status", "/v1/usage", "/metrics") or path.startswith("/v1/cache"):
         return "admin"
     if is_api_path(path):
         return "inference"

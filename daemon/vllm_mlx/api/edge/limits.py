@@ -63,3 +63,47 @@ class RateLimiter:
 def retry_after_header(wait: float) -> str:
     """Whole seconds, rounded up, at least 1 (the header takes no fractions)."""
     return str(max(1, math.ceil(wait)))
+
+
+class TokenRateLimiter:
+    """Tokens per minute per key: a bucket that refills continuously and may go into
+    debt, because a request's tokens are known only once it has ended.
+
+    A key is admitted while its bucket holds anything; `spend` takes what a finished
+    request used. Bounded like RateLimiter (least recently seen keys forgotten first).
+    """
+
+    def __init__(
+        self,
+        max_clients: int = DEFAULT_MAX_CLIENTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_clients = max_clients
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+
+    def _level(self, client: str, per_minute: int, now: float) -> float:
+        tokens, last = self._buckets.pop(client, (float(per_minute), now))
+        return min(float(per_minute), tokens + (now - last) * per_minute / 60.0)
+
+    def _keep(self, client: str, tokens: float, now: float) -> None:
+        self._buckets[client] = (tokens, now)
+        while len(self._buckets) > self._max_clients:
+            self._buckets.popitem(last=False)
+
+    def admit(self, client: str, per_minute: int) -> float | None:
+        """None when the key may start a request, else seconds until it may."""
+        if per_minute <= 0:
+            return None
+        now = self._clock()
+        tokens = self._level(client, per_minute, now)
+        self._keep(client, tokens, now)
+        if tokens > 0:
+            return None
+        return (1.0 - tokens) * 60.0 / per_minute
+
+    def spend(self, client: str, per_minute: int, used: int) -> None:
+        if per_minute <= 0 or used <= 0:
+            return
+        now = self._clock()
+        self._keep(client, self._level(client, per_minute, now) - used, now)

@@ -19,15 +19,25 @@ from typing import Any
 
 from vllm_mlx.api.dashboard import OPEN_UI_PATHS
 from vllm_mlx.api.edge import boundary, cors
-from vllm_mlx.api.edge.auth import authenticate, is_api_path, protocol_of, scope_refusal
-from vllm_mlx.api.edge.limits import RateLimiter, client_id, retry_after_header
+from vllm_mlx.api.edge.auth import (
+    authenticate,
+    is_api_path,
+    protocol_of,
+    required_scope,
+    scope_refusal,
+)
+from vllm_mlx.api.edge.limits import RateLimiter, TokenRateLimiter, client_id, retry_after_header
+from vllm_mlx.api.edge.quota import quota_refusal, token_rate_refusal
 from vllm_mlx.api.edge.refusals import BodyCapture, error_message, log_refusal
 from vllm_mlx.api.error_shapes import error_body
 from vllm_mlx.api.errors import APIError
-from vllm_mlx.api.principal import current_principal
+from vllm_mlx.api.principal import Principal, current_principal
 from vllm_mlx.api.state import NOTE_KEY, ServerState, open_note, remember_settings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.fleet.leases import release_all, request_leases
+from vllm_mlx.telemetry.hooks import end_request, start_request
+from vllm_mlx.usage.ledger import NO_KEY
+from vllm_mlx.usage.record import RequestUsage, current_usage
 
 # Plain ASGI shapes: Litestar's TypedDicts cover every scope type and get in the way here.
 Scope = MutableMapping[str, Any]
@@ -81,6 +91,7 @@ class OpsMiddleware:
         self.app = app
         self.state = state
         self.limiter = RateLimiter()
+        self.token_limiter = TokenRateLimiter()
         self._known_paths = frozenset(known_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -95,13 +106,20 @@ class OpsMiddleware:
         response = _Response(send, cors.response_headers(origin) if origin else [])
         note = open_note(scope)
         caller = current_principal.set(None)  # set by the key check, for this request only
+        usage = RequestUsage()  # what the handler spends, for the usage accounting
+        spending = current_usage.set(usage)
+        span = start_request(self.state.tracing, scope["method"], scope["path"], headers)
         try:
             await self._handle(scope, receive, response, headers, settings)
         finally:
+            principal = current_principal.get()
             current_principal.reset(caller)
+            current_usage.reset(spending)
             client = scope.get("client")
             peer = str(client[0]) if client else None
             route = self._route(scope)
+            end_request(span, route, response.status or DISCONNECTED, note)
+            self._account(scope, settings, route, principal, usage, response.status)
             log_refusal(response.capture, route, scope["method"], note, peer)
             # The status page's recent errors; /health's 503 while loading is a state.
             if response.capture.status >= 400 and route != "/health":
@@ -110,10 +128,37 @@ class OpsMiddleware:
                 activity = self.state.metrics.activity
                 activity.error(response.capture.status, route, message, model)
             self.state.metrics.http_request(
-                self._route(scope),
+                route,
                 scope["method"],
                 response.status or DISCONNECTED,
                 time.monotonic() - started,
+            )
+
+    def _account(
+        self,
+        scope: Scope,
+        settings: Settings,
+        route: str,
+        principal: Principal | None,
+        usage: RequestUsage,
+        status: int,
+    ) -> None:
+        """Count the request for its key: /metrics, the usage database, the token rate.
+
+        Requests refused for a missing or wrong key count for nobody (they have no key).
+        """
+        path = boundary.route_path(scope["path"], scope.get("root_path", ""))
+        if not is_api_path(path) or (principal is None and settings.auth.enabled):
+            return
+        key = principal.name if principal is not None else NO_KEY
+        error = status >= 400  # a client that left (0, logged 499) is not an error
+        self.state.metrics.keys.observe(key, route, usage, error)
+        ledger = self.state.usage
+        if ledger is not None and settings.usage.enabled:
+            ledger.record(key, route, usage, error)
+        if principal is not None and principal.tokens_per_minute:
+            self.token_limiter.spend(
+                client_id(principal.name, None), principal.tokens_per_minute, usage.tokens
             )
 
     def _route(self, scope: Scope) -> str:
@@ -197,15 +242,27 @@ class OpsMiddleware:
             refusal = scope_refusal(principal, scope["method"], path)
             if refusal is not None:
                 return refusal
-        rate = auth.rate_limit
+        if not is_api_path(path) or _unlimited_read(scope, path):
+            return None
+        refusal = self._rate_refusal(principal, peer, auth.rate_limit)
+        if refusal is None and principal is not None and _spends_tokens(scope, path):
+            refusal = token_rate_refusal(self.token_limiter, principal) or quota_refusal(
+                self.state.usage if settings.usage.enabled else None, principal
+            )
+        if refusal is not None:
+            self.state.metrics.rate_limited.inc()
+        return refusal
+
+    def _rate_refusal(
+        self, principal: Principal | None, peer: str | None, rate: int
+    ) -> APIError | None:
         if principal is not None and principal.requests_per_minute is not None:
             rate = principal.requests_per_minute
-        if rate <= 0 or not is_api_path(path) or _unlimited_read(scope, path):
+        if rate <= 0:
             return None
         wait = self.limiter.acquire(client_id(principal.name if principal else None, peer), rate)
         if wait is None:
             return None
-        self.state.metrics.rate_limited.inc()
         retry = retry_after_header(wait)
         return APIError(
             429,
@@ -240,6 +297,12 @@ def _unlimited_read(scope: Scope, path: str) -> bool:
     """GET /v1/status: the status page polls it every two seconds, and a read of
     counters must not spend the requests a key's rate limit grants for inference."""
     return path == "/v1/status" and scope["method"] in ("GET", "HEAD")
+
+
+def _spends_tokens(scope: Scope, path: str) -> bool:
+    """What the token limits guard: POSTs to the inference routes (a key over its
+    quota still lists models and reads its own status)."""
+    return scope["method"] == "POST" and required_scope("POST", path) == "inference"
 
 
 def _headers_only(send: Send) -> Send:

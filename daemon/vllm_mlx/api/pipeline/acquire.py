@@ -11,6 +11,7 @@ from vllm_mlx.api.principal import check_model
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.engine.fleet.registry import LoadState, ModelEntry
 from vllm_mlx.engine.fleet.residency import ModelCapacityError, ModelLoadError, ModelManager
+from vllm_mlx.usage.record import note_usage_model
 
 
 def manager_of(state: ServerState) -> ModelManager:
@@ -27,6 +28,7 @@ def served_entry(state: ServerState, model_id: str) -> ModelEntry:
     if entry is None:
         raise model_not_found(model_id)
     check_model(model_id, entry.settings.name, entry.settings.aliases)
+    note_usage_model(entry.settings.name)  # usage is counted under the model's own name
     return entry
 
 

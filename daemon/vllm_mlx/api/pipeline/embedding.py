@@ -21,6 +21,7 @@ from vllm_mlx.api.state import ServerState
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
+from vllm_mlx.usage.record import add_usage
 
 log = structlog.get_logger("vllm_mlx.requests")
 
@@ -186,6 +187,7 @@ async def embed(
     count = sum(len(ids) for ids in tokens)
     seconds = time.monotonic() - started
     state.metrics.embedding_request(target.name, len(tokens), count, seconds)
+    add_usage(count, 0, 0, seconds)
     log.info(
         "request",
         request_id=new_id("embd-"),

@@ -13,6 +13,8 @@ from vllm_mlx.api.principal import current_principal
 from vllm_mlx.engine.output import OutputEvent, RequestTrace, generate_text
 from vllm_mlx.engine.types import Finished, GenerationRequest, raise_for_failure
 from vllm_mlx.metrics.core import RequestMetrics
+from vllm_mlx.telemetry import hooks as tracing
+from vllm_mlx.usage.record import add_usage
 
 log = structlog.get_logger("vllm_mlx.requests")
 
@@ -51,8 +53,22 @@ async def run(turn: Turn, request: GenerationRequest) -> AsyncIterator[OutputEve
         if status == 499 and observed is not None:
             observed.aborted(trace, "client_disconnect")
         _log_request(turn, request, trace, finished, status)
+        _count_usage(request, trace, finished)
+        reason = finished.reason.value if finished else None
+        tracing.generation_done(trace, len(request.prompt_tokens), reason, status)
         if turn.metrics is not None:
             turn.metrics.activity.finished(trace.ttft)
+
+
+def _count_usage(
+    request: GenerationRequest, trace: RequestTrace, finished: Finished | None
+) -> None:
+    """What this run spent, for the key's usage: the prompt it was given (the cached
+    part too) and what it generated, also when it ended early."""
+    completion = finished.usage.completion_tokens if finished else len(trace.token_times)
+    began = trace.prefill_started_at or trace.arrived_at
+    seconds = (trace.finished_at or time.monotonic()) - began
+    add_usage(len(request.prompt_tokens), trace.cached_tokens, completion, seconds)
 
 
 def _request_metrics(turn: Turn, request: GenerationRequest) -> RequestMetrics | None:
