@@ -61,7 +61,32 @@ CASES = [
         9,
         "greater than or equal",
     ),
+    (
+        APP + "      rate_limit: {tokens_per_minute: -5}\n",
+        "auth.keys[0].rate_limit.tokens_per_minute",
+        9,
+        "greater than or equal",
+    ),
+    (
+        APP + "      quota: {tokens_per_day: 0}\n",
+        "auth.keys[0].quota.tokens_per_day",
+        9,
+        "greater than or equal to 1",
+    ),
+    (
+        APP + "      quota: {tokens_per_week: 5}\n",
+        "auth.keys[0].quota.tokens_per_week",
+        9,
+        "unknown key",
+    ),
 ]
+
+
+def test_a_quota_without_the_accounting_names_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, APP + "      quota: {tokens_per_month: 1000}\n")
+    path.write_text(path.read_text() + "usage:\n  enabled: false\n")
+    found = [i for i in _issues(path) if i.key_path == "auth.keys[0].quota"]
+    assert found and found[0].line == 9 and "usage.enabled: false" in found[0].message
 
 
 @pytest.mark.parametrize(("entry", "key_path", "line", "words"), CASES)
