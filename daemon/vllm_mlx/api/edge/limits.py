@@ -1,8 +1,9 @@
-"""Per-client rate limit: a token bucket per client, in bounded memory.
+"""Per-client rate limits: a token bucket per client, in bounded memory.
 
 A client is its API key when it sent a valid one, else its peer address. Each gets
-`rate` requests a minute, refilled continuously, with bursts of up to `rate`. The
-rate is passed on every call, so a hot-reloaded limit applies to the next request.
+`rate` requests a minute, refilled continuously, with bursts of up to `rate`; a named
+key's tokens per minute are a bucket of the same kind that may go into debt. The rate
+is passed on every call, so a hot-reloaded limit applies to the next request.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def client_id(key_name: str | None, peer: str | None) -> str:
     return "peer:" + (peer or "unknown")
 
 
-class RateLimiter:
+class _Buckets:
     """Token buckets for the most recently seen clients (least recent evicted first).
 
     Eviction forgets a client's debt, so the bound trades exactness for memory: an
@@ -42,21 +43,32 @@ class RateLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
+    def _level(self, client: str, per_minute: int, now: float) -> float:
+        """What client's bucket holds now (taken out: _keep puts it back, most recent)."""
+        tokens, last = self._buckets.pop(client, (float(per_minute), now))
+        return min(float(per_minute), tokens + (now - last) * per_minute / 60.0)
+
+    def _keep(self, client: str, tokens: float, now: float) -> None:
+        self._buckets[client] = (tokens, now)
+        while len(self._buckets) > self._max_clients:
+            self._buckets.popitem(last=False)
+
+
+class RateLimiter(_Buckets):
+    """Requests per minute: one token per request, refilled continuously."""
+
     def acquire(self, client: str, per_minute: int) -> float | None:
         """Take one request from client's bucket: None if allowed, else seconds to wait."""
         if per_minute <= 0:
             return None
         now = self._clock()
-        tokens, last = self._buckets.pop(client, (float(per_minute), now))
-        tokens = min(float(per_minute), tokens + (now - last) * per_minute / 60.0)
+        tokens = self._level(client, per_minute, now)
         wait: float | None = None
         if tokens >= 1.0:
             tokens -= 1.0
         else:
             wait = (1.0 - tokens) * 60.0 / per_minute
-        self._buckets[client] = (tokens, now)
-        while len(self._buckets) > self._max_clients:
-            self._buckets.popitem(last=False)
+        self._keep(client, tokens, now)
         return wait
 
 
@@ -65,31 +77,13 @@ def retry_after_header(wait: float) -> str:
     return str(max(1, math.ceil(wait)))
 
 
-class TokenRateLimiter:
+class TokenRateLimiter(_Buckets):
     """Tokens per minute per key: a bucket that refills continuously and may go into
     debt, because a request's tokens are known only once it has ended.
 
     A key is admitted while its bucket holds anything; `spend` takes what a finished
-    request used. Bounded like RateLimiter (least recently seen keys forgotten first).
+    request used.
     """
-
-    def __init__(
-        self,
-        max_clients: int = DEFAULT_MAX_CLIENTS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._max_clients = max_clients
-        self._clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
-
-    def _level(self, client: str, per_minute: int, now: float) -> float:
-        tokens, last = self._buckets.pop(client, (float(per_minute), now))
-        return min(float(per_minute), tokens + (now - last) * per_minute / 60.0)
-
-    def _keep(self, client: str, tokens: float, now: float) -> None:
-        self._buckets[client] = (tokens, now)
-        while len(self._buckets) > self._max_clients:
-            self._buckets.popitem(last=False)
 
     def admit(self, client: str, per_minute: int) -> float | None:
         """None when the key may start a request, else seconds until it may."""
