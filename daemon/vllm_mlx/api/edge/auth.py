@@ -30,7 +30,7 @@ def protocol_of(path: str, headers: Mapping[str, str]) -> Protocol:
 
 
 # vLLM serves these beside /v1, not under it; the rate limit counts them like /v1.
-_ROOT_API_PATHS = frozenset({"/tokenize", "/detokenize"})
+_ROOT_API_PATHS = frozenset({"/tokenize", "/detokenize", "/score", "/rerank", "/v2/rerank"})
 
 
 def is_api_path(path: str) -> bool:
@@ -63,9 +63,26 @@ def matching_key(presented: Sequence[str], keys: Sequence[str]) -> str | None:
     return found
 
 
-def _principals(auth: AuthSettings) -> list[tuple[bytes, Principal]]:
+KeyTable = list[tuple[bytes, Principal]]
+# The table of the settings in force: they are frozen and replaced whole by a reload, so
+# the object's identity says when to build it again. Building it per request cost ~0.5
+# ms with 20 keys (pydantic's private-attribute lookups; bench/edge_overhead.py).
+_table_of: tuple[AuthSettings, KeyTable] | None = None
+
+
+def _principals(auth: AuthSettings) -> KeyTable:
     """Every configured key as (digest, who): the flat list with every scope, then the
-    named keys with theirs."""
+    named keys with theirs; built once per settings object."""
+    global _table_of
+    cached = _table_of
+    if cached is not None and cached[0] is auth:
+        return cached[1]
+    table = _build_table(auth)
+    _table_of = (auth, table)
+    return table
+
+
+def _build_table(auth: AuthSettings) -> KeyTable:
     table = [
         (key_digest(key), Principal(f"api_keys[{n}]", frozenset(SCOPES)))
         for n, key in enumerate(auth.api_keys)
@@ -89,7 +106,7 @@ def matching_principal(presented: Sequence[str], auth: AuthSettings) -> Principa
     """Who presented one of the configured keys; every presented key is compared with
     every configured digest (constant time), and the first configured match wins."""
     found: Principal | None = None
-    table = _principals(auth)  # once per request, not once per presented key
+    table = _principals(auth)
     for candidate in reversed(presented):
         wanted = key_digest(candidate)
         for digest, who in reversed(table):
