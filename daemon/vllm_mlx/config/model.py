@@ -84,12 +84,21 @@ class ModelSettings(Section):
         min_length=1,
     )
     aliases: list[str] = setting([], Reload.HOT, "Other ids that reach this model.")
-    task: Literal["generate", "embed"] = setting(
+    task: Literal["generate", "embed", "rerank"] = setting(
         "generate",
         Reload.MODEL,
         "`generate`: a chat/completion model (mlx-lm); `embed`: a sentence-embedding "
         "model served on /v1/embeddings (a BERT encoder, e.g. "
-        "`builtin:all-minilm-l6-v2`). See docs/embeddings.md.",
+        "`builtin:all-minilm-l6-v2`), see docs/embeddings.md; `rerank`: a relevance "
+        "scorer served on /v1/rerank, /v2/rerank and /score, see docs/rerank.md.",
+    )
+    rerank_method: Literal["cross_encoder", "llm", "embedding"] | None = setting(
+        None,
+        Reload.MODEL,
+        "Rerank models: how a (query, document) pair is scored. `cross_encoder`: a BERT "
+        "with a one-label classification head; `llm`: P(yes) of a causal LM asked whether "
+        "the document meets the query (the Qwen3-Reranker method); `embedding`: cosine of "
+        "two sentence embeddings (the weakest). Default: chosen from the model's files.",
     )
     pooling: Literal["mean", "cls", "last"] | None = setting(
         None,

@@ -263,6 +263,13 @@ class LimitsSettings(Section):
         gt=0,
         le=4096,
     )
+    max_rerank_documents: int = setting(
+        1000,
+        Reload.HOT,
+        "Most documents one rerank request (or text pairs one /score request) may carry; "
+        "more gets 400.",
+        ge=1,
+    )
     max_prompt_chars: int = setting(
         8_000_000,
         Reload.HOT,

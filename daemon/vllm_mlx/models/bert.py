@@ -2,7 +2,8 @@
 
 Weights load straight from a Hugging Face `BertModel` safetensors file: the module
 names below mirror transformers' so no key renaming is needed. Only the encoder is
-built; the pooler head is unused by sentence-embedding models and dropped.
+built here; the pooler head is unused by sentence-embedding models and dropped (a
+cross-encoder adds it back: models/cross_encoder.py).
 """
 
 from __future__ import annotations
@@ -88,13 +89,14 @@ class BertEmbeddings(Module):
         self.token_type_embeddings = Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def __call__(self, ids: mx.array) -> mx.array:
+    def __call__(self, ids: mx.array, types: mx.array | None = None) -> mx.array:
         positions = mx.arange(ids.shape[1])[None, :]
-        # Single-segment inputs: token type 0 everywhere, as sentence-transformers sends.
+        # Single-segment inputs (embeddings): token type 0 everywhere, as
+        # sentence-transformers sends; a cross-encoder's pairs pass their segments.
         hidden = (
             self.word_embeddings(ids)
             + self.position_embeddings(positions)
-            + self.token_type_embeddings(mx.zeros_like(ids))
+            + self.token_type_embeddings(mx.zeros_like(ids) if types is None else types)
         )
         out: mx.array = self.LayerNorm(hidden)
         return out
@@ -185,12 +187,15 @@ class BertModel(Module):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
 
-    def __call__(self, ids: mx.array, attention: mx.array) -> mx.array:
-        """Hidden states [batch, length, hidden]; `attention` is 1 for real tokens, 0 for pad."""
+    def __call__(
+        self, ids: mx.array, attention: mx.array, types: mx.array | None = None
+    ) -> mx.array:
+        """Hidden states [batch, length, hidden]; `attention` is 1 for real tokens, 0 for
+        pad; `types` the segment of each token (None: all 0)."""
         # Additive key mask, broadcast over heads and queries: padding gets no weight.
         dtype = self.embeddings.word_embeddings.weight.dtype
         mask = ((1.0 - attention.astype(dtype)) * -1e9)[:, None, None, :].astype(dtype)
-        return self.encoder(self.embeddings(ids), mask)
+        return self.encoder(self.embeddings(ids, types), mask)
 
 
 def load_bert(weights: dict[str, mx.array], config: BertConfig) -> BertModel:

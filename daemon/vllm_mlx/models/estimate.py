@@ -11,6 +11,7 @@ from pathlib import Path
 
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
+from vllm_mlx.models.rerank import rerank_method_of
 from vllm_mlx.models.sources import SourceKind, classify_source
 
 FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -23,8 +24,10 @@ def estimated_bytes(model: ModelSettings, cache_dir: Path) -> int | None:
     if directory is None or not (directory / "config.json").is_file():
         return None
     on_disk = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
-    if model.task == "embed":
-        return on_disk  # served in the stored format
+    if model.task == "embed" or (
+        model.task == "rerank" and rerank_method_of(directory, model.rerank_method) != "llm"
+    ):
+        return on_disk  # BERTs are served in the stored format
     from vllm_mlx.models.cpu import blas
     from vllm_mlx.models.plan import planned, weight_info_from_files
 

@@ -38,6 +38,13 @@ class EmbeddingTokenizer(Protocol):
     def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
 
 
+class PairEncoder(Protocol):
+    """A reranker's input: one token-id list per (query, document) pair, each already cut
+    to the model's maximum length (blocking: called off the event loop)."""
+
+    def encode_pairs(self, query: str, documents: list[str]) -> list[list[int]]: ...
+
+
 @dataclass(frozen=True)
 class EmbeddingLimits:
     max_batch_size: int = 32  # sequences in one forward pass
@@ -58,3 +65,7 @@ class LoadedEmbeddingModel:
     normalize: bool = True
     limits: EmbeddingLimits = field(default_factory=EmbeddingLimits)
     load_seconds: float = 0.0
+    # `task: rerank`: the method, and for cross_encoder / llm the pair encoder whose
+    # token lists the embedder turns into one relevance score each (embedding: vectors).
+    rerank_method: str = ""
+    pairs: PairEncoder | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +89,30 @@ def load_model(
         from vllm_mlx.models.embedding import load_embedding_model
 
         return load_embedding_model(model, resolve_model_dir(model, cache_dir), engine)
+    if model.task == "rerank":
+        return load_reranker(model, cache_dir, engine)
     return load_generation_model(model, cache_dir)
+
+
+def load_reranker(
+    model: ModelSettings, cache_dir: Path, engine: EngineSettings | None = None
+) -> LoadedEmbeddingModel:
+    """A `task: rerank` model as the embedding engine runs it (docs/rerank.md)."""
+    from vllm_mlx.models.rerank import rerank_method_of
+
+    model_dir = resolve_model_dir(model, cache_dir)
+    method = rerank_method_of(model_dir, model.rerank_method)
+    if method == "cross_encoder":
+        from vllm_mlx.models.cross_encoder import load_cross_encoder
+
+        return load_cross_encoder(model, model_dir, engine)
+    if method == "embedding":
+        from vllm_mlx.models.embedding import load_embedding_model
+
+        return replace(load_embedding_model(model, model_dir, engine), rerank_method="embedding")
+    from vllm_mlx.models.llm_scorer import llm_rerank_model
+
+    return llm_rerank_model(load_generation_model(model, cache_dir), model, engine)
 
 
 def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
