@@ -19,6 +19,7 @@ from vllm_mlx.api.mcp_routes import make_mcp_router
 from vllm_mlx.api.ollama.routes import make_ollama_router
 from vllm_mlx.api.openai.routes import make_openai_router
 from vllm_mlx.api.ops import health, install_ops, metrics, status
+from vllm_mlx.api.rerank.routes import make_rerank_router
 from vllm_mlx.api.responses.routes import make_responses_router
 from vllm_mlx.api.state import ServerState
 from vllm_mlx.api.tokenize import make_tokenize_router
@@ -51,6 +52,7 @@ def create_app(state: ServerState) -> Litestar:
             make_anthropic_router(),
             make_mcp_router(),
             make_tokenize_router(),
+            make_rerank_router(),
             make_responses_router(),
             make_ollama_router(),
             make_cache_router(),

@@ -32,16 +32,24 @@ ANTHROPIC_VERSION_HEADER = "anthropic-version"
 # --- OpenAI's shape --------------------------------------------------------------------
 
 
-def _model_card(model_id: str, created: int) -> ModelCard:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "vllm-mlx"}
+def _model_card(model_id: str, created: int, task: str) -> ModelCard:
+    # `task` (our extension, extra keys are allowed by OpenAI's schema) says which routes
+    # serve the model: generate (chat, completions), embed (embeddings), rerank.
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm-mlx",
+        "task": task,
+    }
 
 
 def model_cards(state: ServerState) -> list[ModelCard]:
     cards = []
     for entry in visible(state.registry.entries()):
-        name = entry.settings.name
-        cards.append(_model_card(name, entry.created))
-        cards.extend(_model_card(a, entry.created) for a in state.registry.aliases_of(name))
+        name, task = entry.settings.name, entry.settings.task
+        cards.append(_model_card(name, entry.created, task))
+        cards.extend(_model_card(a, entry.created, task) for a in state.registry.aliases_of(name))
     return cards
 
 

@@ -170,6 +170,12 @@ class Metrics:
             "Time from an embedding request's arrival to its vectors.",
             HTTP_LATENCY_BUCKETS,
         )
+        self.rerank_requests = c(
+            "vllm_mlx_rerank_requests", "Rerank and score requests answered (/v1/rerank, /score)."
+        )
+        self.rerank_documents = c(
+            "vllm_mlx_rerank_documents", "Documents (score: text pairs) scored by rerankers."
+        )
 
     def _define_server_metrics(self) -> None:
         c = self._counter
@@ -268,6 +274,10 @@ class Metrics:
     def request(self, model: str, prompt_tokens: int) -> RequestMetrics:
         self.add_model(model)
         return RequestMetrics(self, model, prompt_tokens)
+
+    def rerank_request(self, model: str, documents: int) -> None:
+        self.rerank_requests.labels(model).inc()
+        self.rerank_documents.labels(model).inc(documents)
 
     def embedding_request(self, model: str, inputs: int, tokens: int, seconds: float) -> None:
         self.embedding_requests.labels(model).inc()

@@ -196,6 +196,8 @@ def _context_length(entry: ModelEntry, files: ModelFiles) -> int | None:
 def capabilities(model: ModelSettings) -> list[str]:
     if model.task == "embed":
         return ["embedding"]
+    if model.task == "rerank":
+        return ["rerank"]
     found = ["completion"]
     if model.enable_auto_tool_choice and model.tool_call_parser is not None:
         found.append("tools")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -283,6 +283,7 @@ class ModelCard(TypedDict):
     object: Literal["model"]
     created: int
     owned_by: str
+    task: NotRequired[str]  # ours: generate | embed | rerank
 
 
 # --- vLLM's /tokenize and /detokenize ------------------------------------------------

@@ -43,7 +43,8 @@ async def resolve_embedder(state: ServerState, model_id: str) -> EmbeddingTarget
         served = [e.settings.name for e in state.registry.entries() if e.settings.task == "embed"]
         hint = f" (embedding models: {', '.join(served)})" if served else ""
         raise bad_request(
-            f"model '{model_id}' is a generation model and does not serve embeddings; "
+            f"model '{model_id}' is a {entry.settings.task} model and does not serve "
+            "embeddings; "
             f"use an embedding model{hint}",
             "model",
             "model_not_embedding",

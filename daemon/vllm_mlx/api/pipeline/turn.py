@@ -168,9 +168,11 @@ async def resolve_turn(request: Request[Any, Any, Any], model_id: str, route: st
     settings = request_settings(request)
     entry = served_entry(state, model_id)
     note_model(request.scope, model_id)
-    if entry.settings.task == "embed":
+    if entry.settings.task != "generate":
+        embed = entry.settings.task == "embed"
+        kind, route = ("an embedding", "POST /v1/embeddings") if embed else ("a rerank", "rerank")
         raise bad_request(
-            f"model '{model_id}' is an embedding model: it serves POST /v1/embeddings only, "
+            f"model '{model_id}' is {kind} model: it serves {route} requests only, "
             f"not text generation",
             "model",
             "model_not_generative",
