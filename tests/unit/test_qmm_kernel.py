@@ -158,6 +158,46 @@ def test_batched_inputs_and_the_prefill_path() -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequantize_is_mlx_bit_for_bit(
+    bits: int, group_size: int, scale_dtype: mx.Dtype, n_threads: int, threads: None
+) -> None:
+    """The prefill path's weights: the floats mx.dequantize writes, to the last bit (MLX
+    computes s * q + b in the scales' type), on one thread or several."""
+    qmm.set_threads(n_threads)
+    ext = qmm.extension()
+    ext.set_parallel_min(0)
+    key = mx.random.key(bits * 1000 + group_size)
+    # Wide and tiny values: float16 overflow, subnormals and ties are all reached.
+    w = mx.random.normal((520, 384), key=key) * mx.repeat(mx.array([1e-6, 1e-3, 1.0, 300.0]), 96)
+    wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+    scales, biases = scales.astype(scale_dtype), biases.astype(scale_dtype)
+    want = mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits, dtype=mx.float32)
+    got = ext.dequantize(wq, scales, biases, group_size, bits)
+    assert got.dtype == mx.float32 and got.shape == want.shape
+    assert mx.array_equal(got, want, equal_nan=True).item()
+
+
+@needs_kernel
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16])
+def test_the_prefill_product_is_the_dequantize_then_blas_product(scale_dtype: mx.Dtype) -> None:
+    """More rows than max_rows: exactly x @ mx.dequantize(w).T, as before the threaded
+    unpacking (greedy outputs do not move)."""
+    ext = qmm.extension()
+    w = mx.random.normal((192, 256), key=mx.random.key(8))
+    wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
+    scales, biases = scales.astype(scale_dtype), biases.astype(scale_dtype)
+    x = mx.random.normal((1, 300, 256), key=mx.random.key(9))
+    dense = mx.dequantize(wq, scales, biases, group_size=64, bits=4, dtype=mx.float32)
+    want = mx.matmul(x, dense.T)
+    got = ext.quantized_matmul(x, wq, scales, biases, 64, 4, 128)
+    assert mx.array_equal(got, want).item()
+
+
+@needs_kernel
 def test_strided_inputs_and_weights_are_read_as_they_lie() -> None:
     """x in any layout (the node copies a strided one) and lazy or strided weights (a
     contiguous node goes in front of those) give the row-major input's bits."""

@@ -19,6 +19,9 @@ NB_MODULE(_qmm, m) {
       "biases"_a, "group_size"_a, "bits"_a, "max_rows"_a = 32, nb::kw_only(),
       "stream"_a = nb::none(),
       "x @ dequantize(w, scales, biases).T on the CPU; rows beyond max_rows use BLAS.");
+  m.def("dequantize", &vllm_mlx_kernels::dequantize, "w"_a, "scales"_a, "biases"_a,
+        "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "Affine dequantize to float32 on every core (what the prefill path uses).");
   m.def("swiglu", &vllm_mlx_kernels::swiglu, "gate"_a, "up"_a, nb::kw_only(),
         "stream"_a = nb::none(),
         "silu(gate) * up for float32 arrays of one shape, bit-identical to mlx_lm's swiglu.");

@@ -3,6 +3,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "dequant.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "qmm_kernel.h"
 #include "strided.h"
@@ -60,13 +61,6 @@ mx::array quantized_matmul(
   int N = w.shape(0);
   int M = static_cast<int>(x.size() / K);
   auto stream = mx::to_stream(s);
-  if (M > max_rows || stream.device != mx::Device::cpu) {
-    // Prefill: unpacking weights once per call and handing the product to BLAS beats
-    // re-unpacking them for every few rows.
-    auto wf = mx::dequantize(w, scales, biases, group_size, bits, "affine",
-                             std::nullopt, out_dtype, s);
-    return mx::matmul(mx::astype(x, out_dtype, s), mx::transpose(wf, s), s);
-  }
   // A decode step makes ~200 of these calls, and each extra graph node costs a few
   // microseconds on the CPU: weights already evaluated and row-contiguous (every loaded
   // model's) go in as they are, and the node takes x in any shape and layout (eval_cpu
@@ -74,6 +68,21 @@ mx::array quantized_matmul(
   auto as_is = [&](const mx::array& a) {
     return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
   };
+  if (stream.device != mx::Device::cpu) {
+    auto wf = mx::dequantize(w, scales, biases, group_size, bits, "affine",
+                             std::nullopt, out_dtype, s);
+    return mx::matmul(mx::astype(x, out_dtype, s), mx::transpose(wf, s), s);
+  }
+  if (M > max_rows) {
+    // Prefill: unpacking weights once per call and handing the product to BLAS beats
+    // re-unpacking them for every few rows. The unpacking is ours (threaded), not MLX's
+    // single-threaded loop: the same floats, ~1.8 s less per 512-row chunk of the
+    // bundled model (docs/benchmarks.md).
+    auto wf = mx::array(
+        {N, K}, mx::float32, std::make_shared<FastDequantize>(stream, group_size, bits),
+        {as_is(w), as_is(scales), as_is(biases)});
+    return mx::matmul(mx::astype(x, out_dtype, s), mx::transpose(mx::astype(wf, out_dtype, s), s), s);
+  }
   auto shape = x.shape();
   shape.back() = N;
   auto inputs = std::vector<mx::array>{
@@ -82,6 +91,47 @@ mx::array quantized_matmul(
       std::move(shape), mx::float32,
       std::make_shared<FastQuantizedMatmul>(stream, group_size, bits), std::move(inputs));
   return mx::astype(y, out_dtype, s);
+}
+
+mx::array dequantize(
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s) {
+  int K = w.ndim() == 2 ? w.shape(1) * 32 / bits : 0;
+  check(mx::zeros({1, K}, mx::float32, s), w, scales, biases, group_size, bits);
+  auto stream = mx::to_stream(s);
+  return mx::array(
+      {w.shape(0), K}, mx::float32, std::make_shared<FastDequantize>(stream, group_size, bits),
+      {mx::contiguous(w, false, s), mx::contiguous(scales, false, s),
+       mx::contiguous(biases, false, s)});
+}
+
+void FastDequantize::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& w = inputs[0];
+  auto& scales = inputs[1];
+  auto& biases = inputs[2];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  encoder.set_output_array(out);
+  QmmProblem p{
+      nullptr, w.data<uint32_t>(), scales.data<void>(), biases.data<void>(), nullptr, 0,
+      w.shape(0), w.shape(1) * 32 / bits_, group_size_, bits_, scale_type(scales.dtype())};
+  encoder.dispatch([p, dst = out.data<float>()]() { dequantize_weights(p, dst); });
+}
+
+void FastDequantize::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("VllmMlxDequantize runs on the CPU only");
+}
+
+bool FastDequantize::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const FastDequantize&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_;
 }
 
 void FastQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

@@ -20,6 +20,34 @@ mx::array quantized_matmul(
     int max_rows,
     mx::StreamOrDevice s = {});
 
+// The float32 weights [N, K] of an affine-quantized w (dequant.h), as mx.dequantize
+// computes them, on every core; the CPU prefill path of quantized_matmul uses it.
+mx::array dequantize(
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s = {});
+
+class FastDequantize : public mx::UnaryPrimitive {
+ public:
+  FastDequantize(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "VllmMlxDequantize";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
 class FastQuantizedMatmul : public mx::UnaryPrimitive {
  public:
   FastQuantizedMatmul(mx::Stream stream, int group_size, int bits)

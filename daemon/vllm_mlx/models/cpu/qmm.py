@@ -35,6 +35,8 @@ GROUP_SIZES = (32, 64, 128)
 # met at 512 (docs/benchmarks.md, "Prefill of a few hundred rows"). 128 keeps a 4x
 # margin from that crossing for CPUs whose kernel is slower per row (AVX2); it is what
 # an agent's later turn (~40 new tokens on a cached prefix) and a chunk's tail feed in.
+# The extension now unpacks the weights itself (kernels/dequant.cpp: threaded, the same
+# floats), which moves the crossing lower; 128 stays until it is measured again.
 MAX_ROWS = 128
 NO_LIMIT = 2**31 - 1
 _max_rows = MAX_ROWS

@@ -1,0 +1,161 @@
+#include "dequant.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "qmm_internal.h"
+#include "thread_pool.h"
+
+namespace vllm_mlx_kernels {
+
+namespace {
+
+// float -> the nearest float16 (ties to even) -> float: one float16 operation as MLX's
+// CPU backend does it (in float, rounded after each op).
+inline float round_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = x & 0x80000000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  uint16_t h;
+  if (abs >= 0x7f800000u) { // inf or nan
+    h = static_cast<uint16_t>((abs > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  } else if (abs >= 0x47800000u) { // >= 65536: overflows to inf
+    h = 0x7c00u;
+  } else if (abs < 0x38800000u) { // below the smallest normal half: a subnormal or 0
+    // Let the FPU round: adding 0.5 aligns the half subnormal grid (2^-24) at the
+    // mantissa's last bit, and the FPU rounds to nearest even.
+    float a;
+    std::memcpy(&a, &abs, 4);
+    float t = a + 0.5f;
+    uint32_t tb;
+    std::memcpy(&tb, &t, 4);
+    h = static_cast<uint16_t>(tb - 0x3f000000u);
+  } else {
+    const uint32_t mant_odd = (abs >> 13) & 1u;
+    const uint32_t rounded = abs + 0xfffu + mant_odd; // ties to even
+    h = static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
+  }
+  return half_to_float(static_cast<uint16_t>(h | (sign >> 16)));
+}
+
+inline float round_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) {
+    return f; // nan stays nan
+  }
+  x = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u; // ties to even
+  float out;
+  std::memcpy(&out, &x, 4);
+  return out;
+}
+
+// One rounding to the scales' type: MLX computes s * q + b in that type (and only then
+// converts to float32), so the prefill path keeps its numbers bit for bit.
+template <ScaleType ST>
+inline float in_type(float f) {
+  if constexpr (ST == ScaleType::f16) {
+    return round_to_half(f);
+  } else if constexpr (ST == ScaleType::bf16) {
+    return round_to_bf16(f);
+  } else {
+    return f;
+  }
+}
+
+// s * q + b exactly as MLX's dequantize computes it (the build sets -ffp-contract=off).
+template <ScaleType ST>
+inline float value(float s, float q, float b) {
+  return in_type<ST>(in_type<ST>(s * q) + b);
+}
+
+template <ScaleType ST>
+float scale_at(const void* base, size_t i) {
+  if constexpr (ST == ScaleType::f32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (ST == ScaleType::f16) {
+    return half_to_float(static_cast<const uint16_t*>(base)[i]);
+  } else {
+    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+// Rows [n_begin, n_end). The inner loop is plain code the compiler vectorises; the
+// work is memory-bound (4 bytes written per weight), so intrinsics would gain little.
+template <int BITS, ScaleType ST>
+void rows(const QmmProblem& p, float* out, int n_begin, int n_end) {
+  constexpr int per_word = 32 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1;
+  const int groups = p.K / p.group_size;
+  const int words_per_group = p.group_size / per_word;
+  const size_t words_per_row = static_cast<size_t>(p.K) / per_word;
+  for (int n = n_begin; n < n_end; ++n) {
+    const uint32_t* w = p.w + n * words_per_row;
+    float* o = out + static_cast<size_t>(n) * p.K;
+    for (int g = 0; g < groups; ++g) {
+      const size_t at = static_cast<size_t>(n) * groups + g;
+      const float s = scale_at<ST>(p.scales, at);
+      const float b = scale_at<ST>(p.biases, at);
+      float* group_out = o + g * p.group_size;
+      const uint32_t* words = w + g * words_per_group;
+      if constexpr (BITS == 4) {
+        // 16 values a group can take, for 32-128 weights: compute each once.
+        float table[16];
+        for (int q = 0; q < 16; ++q) {
+          table[q] = value<ST>(s, static_cast<float>(q), b);
+        }
+        for (int wi = 0; wi < words_per_group; ++wi) {
+          const uint32_t word = words[wi];
+          float* dst = group_out + wi * per_word;
+          for (int i = 0; i < per_word; ++i) {
+            dst[i] = table[(word >> (BITS * i)) & mask];
+          }
+        }
+      } else {
+        for (int wi = 0; wi < words_per_group; ++wi) {
+          const uint32_t word = words[wi];
+          float* dst = group_out + wi * per_word;
+          for (int i = 0; i < per_word; ++i) {
+            dst[i] = value<ST>(s, static_cast<float>((word >> (BITS * i)) & mask), b);
+          }
+        }
+      }
+    }
+  }
+}
+
+void dispatch(const QmmProblem& p, float* out, int n_begin, int n_end) {
+  auto typed = [&]<int B>() {
+    switch (p.scale_type) {
+      case ScaleType::f32: rows<B, ScaleType::f32>(p, out, n_begin, n_end); break;
+      case ScaleType::f16: rows<B, ScaleType::f16>(p, out, n_begin, n_end); break;
+      case ScaleType::bf16: rows<B, ScaleType::bf16>(p, out, n_begin, n_end); break;
+    }
+  };
+  if (p.bits == 4) {
+    typed.template operator()<4>();
+  } else {
+    typed.template operator()<8>();
+  }
+}
+
+} // namespace
+
+void dequantize_weights(const QmmProblem& p, float* out) {
+  // Below ~64k weights a second thread's wake-up costs more than it saves.
+  long work = static_cast<long>(p.N) * p.K;
+  int n_threads = work < (1L << 16) ? 1 : std::min(threads(), std::max(1, p.N / 8));
+  if (n_threads <= 1) {
+    dispatch(p, out, 0, p.N);
+    return;
+  }
+  int per = std::max(8, p.N / (4 * n_threads)); // ~4 chunks a thread: a late one costs one
+  int chunks = (p.N + per - 1) / per;
+  shared_pool().run(n_threads, chunks, [&](int c) {
+    dispatch(p, out, c * per, std::min(p.N, (c + 1) * per));
+  });
+}
+
+} // namespace vllm_mlx_kernels
