@@ -93,3 +93,31 @@ def test_pair_tokens_group_runs_of_one_query() -> None:
 def test_cosines_normalise() -> None:
     scores = cosines([[2.0, 0.0], [1.0, 1.0], [0.0, -3.0]], [(0, 1), (0, 2), (1, 1)])
     assert scores == pytest.approx([2**-0.5, 0.0, 1.0])
+
+
+class _CharTokenizer:
+    """One token per character; a chat template that wraps the turns in brackets."""
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> str:
+        return "".join(f"[{m['content']}]" for m in messages) + "A:"
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_llm_pairs_fit_the_context_by_cutting_query_then_document() -> None:
+    from vllm_mlx.models.llm_scorer import SYSTEM, LlmPairs, answer_tokens
+
+    tokenizer = _CharTokenizer()
+    fixed = len(f"[{SYSTEM}][Question: \nDocument: \nIs the document relevant to the question?]A:")
+    pairs = LlmPairs(tokenizer, fixed + 10)
+    assert pairs.room == 10
+    # "#" and "%" appear nowhere in the template: they count the query's and document's.
+    short, long_doc = pairs.encode_pairs("##", ["%%", "%" * 50])
+    (long_both,) = pairs.encode_pairs("#" * 30, ["%%%%"])
+    assert "".join(map(chr, short)).count("#") == 2 and len(short) == fixed + 4
+    cut = "".join(map(chr, long_doc))
+    assert cut.count("%") == 8 and len(long_doc) == fixed + 10  # the document takes the rest
+    both = "".join(map(chr, long_both))
+    assert both.count("#") == 5 and both.count("%") == 4  # the query gets half the room
+    assert answer_tokens(tokenizer, ("yes", "Y", "y")) == [ord("Y"), ord("y")]
