@@ -184,7 +184,8 @@ def test_swap_routes_decode_steps_and_is_idempotent_and_reversible() -> None:
         assert attention.swap_attention(model) == 1 and attention.swap_attention(model) == 1
         assert llama.__dict__[NAME] is attention.scaled_dot_product_attention
         assert attention.uses_kernel(model)
-        # Prefill (5 positions) goes to mlx_lm's original: the same bits.
+        # Prefill (5 positions): MLX's two products around the extension's softmax,
+        # which here gives the same bits as MLX's whole fallback.
         assert same_bits(model(tokens, cache=caches[1]), want_prefill)
         close(model(mx.array([[4]]), cache=caches[1]), want)
     finally:
@@ -203,3 +204,69 @@ def test_the_wrapper_leaves_other_cases_to_mlx_lm() -> None:
         got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, mask, sinks)
         want = base.scaled_dot_product_attention(q, k, v, None, 0.125, mask, sinks)  # type: ignore[arg-type]
         assert same_bits(got, want)
+
+
+def prefill_qkv(
+    b: int, hq: int, hkv: int, m: int, t: int, seed: int = 0
+) -> tuple[mx.array, mx.array, mx.array]:
+    q = mx.random.normal((b, hq, m, 64), key=mx.random.key(seed))
+    k = mx.random.normal((b, hkv, t, 64), key=mx.random.key(seed + 1))
+    v = mx.random.normal((b, hkv, t, 64), key=mx.random.key(seed + 2))
+    return q, k, v
+
+
+PREFILL_SHAPES = [(1, 9, 3, 7, 7), (1, 9, 3, 40, 300), (2, 4, 4, 33, 65), (1, 2, 1, 512, 1024)]
+
+
+@pytest.mark.parametrize(("b", "hq", "hkv", "m", "t"), PREFILL_SHAPES)
+def test_prefill_matches_mlx_causal_and_masked(
+    b: int, hq: int, hkv: int, m: int, t: int, threaded: None
+) -> None:
+    """A chunk of m queries at offset t - m: causal (one sequence) and the left-padded
+    bool mask of a batch cache, against mlx_lm's own function."""
+    q, k, v = prefill_qkv(b, hq, hkv, m, t)
+    masks: list[mx.array | str | None] = [
+        "causal",
+        base.create_causal_mask(m, offset=t - m, left_padding=mx.array([0, 5][:b])),
+        None,
+    ]
+    for mask in masks:
+        got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, mask)
+        want = base.scaled_dot_product_attention(q, k, v, None, 0.125, mask)  # type: ignore[arg-type]
+        close(got, want)
+
+
+def test_prefill_rows_with_every_key_masked_are_uniform_like_mlx() -> None:
+    """A left-padded sequence's padding queries see no key: MLX gives each key 1/t."""
+    q, k, v = prefill_qkv(2, 4, 2, 6, 6)
+    mask = base.create_causal_mask(6, offset=0, left_padding=mx.array([0, 4]))
+    got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, mask)
+    want = base.scaled_dot_product_attention(q, k, v, None, 0.125, mask)  # type: ignore[arg-type]
+    assert bool(mx.all(mx.isfinite(got)).item())
+    close(got, want)
+
+
+def test_prefill_softmax_refuses_bad_inputs() -> None:
+    ext = qmm.extension()
+    scores = mx.zeros((1, 2, 6, 8))
+    bad = [
+        (mx.zeros((1, 2, 6, 8), dtype=mx.float16), 3, None),  # not float32
+        (scores, 4, None),  # rows not a multiple of M
+        (scores, 3, mx.zeros((1, 1, 3, 8))),  # a float mask
+        (scores, 3, mx.zeros((1, 1, 3, 7), dtype=mx.bool_)),  # the wrong key count
+        (scores, 3, mx.zeros((3, 1, 3, 8), dtype=mx.bool_)),  # the wrong batch
+    ]
+    for array, rows, mask in bad:
+        with pytest.raises(ValueError, match="softmax_prefill"):
+            ext.softmax_prefill(array, rows, False, mask)
+
+
+def test_the_prefill_kernel_can_be_switched_off() -> None:
+    q, k, v = prefill_qkv(1, 4, 2, 9, 9)
+    want = base.scaled_dot_product_attention(q, k, v, None, 0.125, "causal")  # type: ignore[arg-type]
+    attention.use_prefill_kernel(False)
+    try:
+        got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, "causal")
+        assert same_bits(got, want)  # mlx_lm's own path
+    finally:
+        attention.use_prefill_kernel(True)

@@ -135,4 +135,58 @@ void DecodeAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error("VllmMlxDecodeAttention runs on the CPU only");
 }
 
+mx::array softmax_prefill(const mx::array& scores, int M, bool causal,
+                          const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
+  std::ostringstream msg;
+  if (scores.dtype() != mx::float32 || scores.ndim() != 4) {
+    msg << "scores must be 4-D float32 (batch, heads, rows, keys)";
+  } else if (M < 1 || scores.shape(2) % M != 0 || scores.shape(3) < 1) {
+    msg << "the rows (" << scores.shape(2) << ") must be a multiple of M (" << M << ")";
+  } else if (mask && (mask->dtype() != mx::bool_ || mask->ndim() != 4 || mask->shape(1) != 1 ||
+                      mask->shape(2) != M || mask->shape(3) != scores.shape(3) ||
+                      (mask->shape(0) != 1 && mask->shape(0) != scores.shape(0)))) {
+    msg << "mask must be bool (1 or batch, 1, M, keys)";
+  }
+  if (!msg.str().empty()) {
+    throw std::invalid_argument("vllm_mlx softmax_prefill: " + msg.str());
+  }
+  auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs{mx::contiguous(scores, false, s)};
+  if (mask) {
+    inputs.push_back(mx::contiguous(*mask, false, s));
+  }
+  return mx::array(scores.shape(), mx::float32,
+                   std::make_shared<PrefillSoftmax>(stream, M, causal), std::move(inputs));
+}
+
+void PrefillSoftmax::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& scores = inputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  encoder.set_output_array(out);
+  SoftmaxProblem p{};
+  p.scores = scores.data<float>();
+  p.s = out.data<float>();
+  p.L = scores.shape(3);
+  p.M = M_;
+  p.rows = static_cast<int64_t>(scores.size() / p.L);
+  p.causal = causal_;
+  p.rows_per_batch = static_cast<int64_t>(scores.shape(1)) * scores.shape(2);
+  if (inputs.size() > 1) {
+    p.mask = inputs[1].data<bool>();
+    p.mask_batches = inputs[1].shape(0);
+  } else {
+    p.mask = nullptr;
+    p.mask_batches = 1;
+  }
+  encoder.dispatch([p]() { softmax_prefill(p); });
+}
+
+void PrefillSoftmax::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("VllmMlxPrefillSoftmax runs on the CPU only");
+}
+
 } // namespace vllm_mlx_kernels

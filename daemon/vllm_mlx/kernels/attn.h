@@ -22,6 +22,37 @@ mx::array sdpa_decode(
     const std::optional<mx::array>& mask = std::nullopt,
     mx::StreamOrDevice s = {});
 
+// softmax over the last axis of float32 prefill scores (B, Hkv, R, L) where row r's query
+// position is r % M (grouped heads stacked along R); `causal` excludes keys after the
+// query, `mask` (bool (B or 1, 1, M, L); false: excluded) too. Returns a new array.
+mx::array softmax_prefill(
+    const mx::array& scores,
+    int M,
+    bool causal,
+    const std::optional<mx::array>& mask = std::nullopt,
+    mx::StreamOrDevice s = {});
+
+class PrefillSoftmax : public mx::UnaryPrimitive {
+ public:
+  PrefillSoftmax(mx::Stream stream, int M, bool causal)
+      : mx::UnaryPrimitive(stream), M_(M), causal_(causal) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "VllmMlxPrefillSoftmax";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const PrefillSoftmax&>(other);
+    return M_ == o.M_ && causal_ == o.causal_;
+  }
+
+ private:
+  int M_;
+  bool causal_;
+};
+
 class DecodeAttention : public mx::UnaryPrimitive {
  public:
   DecodeAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}

@@ -336,4 +336,57 @@ void sdpa_decode(const AttnProblem& p) {
                     [&](int c) { run(c * per, std::min(units, (c + 1) * per)); });
 }
 
+namespace {
+
+void softmax_row(const SoftmaxProblem& p, int64_t i) {
+  float* s = p.s + i * p.L;
+  const int m = static_cast<int>(i % p.M);
+  // Causally excluded keys get exactly 0 either way (exp of the float minimum minus the
+  // max underflows), so they are left out of the pass instead of masked.
+  int valid = p.causal ? std::max(0, std::min(p.L, p.L - p.M + m + 1)) : p.L;
+  if (p.scores != p.s) {
+    std::copy(p.scores + i * p.L, p.scores + i * p.L + valid, s);
+  }
+  if (p.mask != nullptr) {
+    int64_t b = p.mask_batches == 1 ? 0 : i / p.rows_per_batch;
+    const bool* keep = p.mask + (b * p.M + m) * static_cast<int64_t>(p.L);
+    bool any = false;
+    for (int t = 0; t < valid; ++t) {
+      any = any || keep[t];
+    }
+    if (!any || valid == 0) { // every key excluded: MLX's softmax of equal minima: uniform
+      std::fill(s, s + p.L, 1.0f / static_cast<float>(p.L));
+      return;
+    }
+    for (int t = 0; t < valid; ++t) {
+      if (!keep[t]) {
+        s[t] = std::numeric_limits<float>::lowest();
+      }
+    }
+  }
+  softmax(s, valid);
+  std::fill(s + valid, s + p.L, 0.0f);
+}
+
+} // namespace
+
+void softmax_prefill(const SoftmaxProblem& p) {
+  long work = static_cast<long>(p.rows) * p.L;
+  int n_threads = work < (1L << 15) ? 1 : threads();
+  if (n_threads <= 1) {
+    for (int64_t i = 0; i < p.rows; ++i) {
+      softmax_row(p, i);
+    }
+    return;
+  }
+  int64_t per = std::max<int64_t>(1, p.rows / (8 * n_threads));
+  int chunks = static_cast<int>((p.rows + per - 1) / per);
+  shared_pool().run(n_threads, chunks, [&](int c) {
+    int64_t end = std::min(p.rows, (c + 1) * per);
+    for (int64_t i = c * per; i < end; ++i) {
+      softmax_row(p, i);
+    }
+  });
+}
+
 } // namespace vllm_mlx_kernels

@@ -37,4 +37,24 @@ struct AttnProblem {
 // row's arithmetic never depends on the batch, the split or the thread count.
 void sdpa_decode(const AttnProblem& p);
 
+// The softmax of prefill attention over rows of scores that BLAS computed
+// (scaled q against k): `rows` rows of L, row i's query position m = i % M; with
+// `causal`, keys after the query (t > L - M + m) are excluded; with a bool `mask`
+// ([mask_batches][M][L], false: excluded; batch i / rows_per_batch, or 0 when there is one)
+// excluded keys get the float minimum as MLX's where() does. What MLX's CPU fallback does
+// in ~5 single-threaded passes over the scores, in one threaded pass per row.
+struct SoftmaxProblem {
+  const float* scores; // [rows][L], row-major
+  float* s; // the output, same shape (may be `scores`)
+  int64_t rows;
+  int L;
+  int M;
+  bool causal;
+  const bool* mask; // or null
+  int mask_batches; // 1: one mask for every batch row
+  int64_t rows_per_batch;
+};
+
+void softmax_prefill(const SoftmaxProblem& p);
+
 } // namespace vllm_mlx_kernels

@@ -19,6 +19,9 @@ NB_MODULE(_qmm, m) {
       "biases"_a, "group_size"_a, "bits"_a, "max_rows"_a = 32, nb::kw_only(),
       "stream"_a = nb::none(),
       "x @ dequantize(w, scales, biases).T on the CPU; rows beyond max_rows use BLAS.");
+  m.def("softmax_prefill", &vllm_mlx_kernels::softmax_prefill, "scores"_a, "M"_a, "causal"_a,
+        "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+        "The softmax of prefill attention scores, causal and/or masked, threaded.");
   m.def("dequantize", &vllm_mlx_kernels::dequantize, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "Affine dequantize to float32 on every core (what the prefill path uses).");
