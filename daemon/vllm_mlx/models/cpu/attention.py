@@ -136,7 +136,6 @@ def available() -> bool:
     return qmm.status().available and hasattr(qmm.extension(), "sdpa_decode")
 
 
-
 def swap_attention(model: Any) -> int:
     """Route the model's mlx_lm modules' attention through the extension (idempotent);
     returns how many modules use it."""
