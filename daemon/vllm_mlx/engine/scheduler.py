@@ -17,10 +17,12 @@ from typing import Any
 
 import structlog
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx.engine.batch_generator import LeanBatchGenerator
 from vllm_mlx.engine.cache.disk import DiskBlockStore
 from vllm_mlx.engine.cache.factory import make_prefix_cache
+from vllm_mlx.engine.cache.rows import row_caches
 from vllm_mlx.engine.fleet.heap import release_free_memory
 from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
 from vllm_mlx.engine.sampling import Fault
@@ -72,9 +74,9 @@ class Scheduler:
         self.vocab_size = vocab_size if vocab_size is not None else vocab_size_of(model)
         # Each request's logits processors (a seam: the replay fake adds its own).
         self.slot_processors = slot_processors
-        self.prefix_cache = make_prefix_cache(
-            model, config.prefix_cache_bytes, config.paged_cache, disk
-        )
+        # Blocks slice full-precision K/V by position: a quantized cache keeps whole rows.
+        paged = config.paged_cache and config.kv_quantization is None
+        self.prefix_cache = make_prefix_cache(model, config.prefix_cache_bytes, paged, disk)
         self._eos = eos_token_ids
         self._config = config
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
@@ -235,12 +237,13 @@ class Scheduler:
                 command.sink(SequenceFinished(FinishReason.LENGTH))
                 return
             processors = self.slot_processors(request, fault)
+            layers = hit.cache if hit.cache is not None else make_prompt_cache(self._model)
             (uid,) = self._generator.insert(
                 [hit.rest],
                 max_tokens=[request.max_tokens],
                 # The cached prefix's tokens go in all_tokens so the sequence's token
                 # record (the key its cache is stored under when it ends) stays whole.
-                caches=None if hit.cache is None else [hit.cache],
+                caches=[row_caches(layers, None, self._config.kv_quantization)],
                 all_tokens=[list(request.prompt_tokens[: hit.cached])],
                 samplers=[slot_sampler(request, fault, self.vocab_size, self.lockstep)],
                 logits_processors=[processors],

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
+from vllm_mlx.engine.cache.rows import KVQuantization
 from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import Fault, Sampler
 
@@ -110,6 +111,7 @@ class SchedulerConfig:
     paged_cache: bool = False  # token-block prefix cache (engine/cache/paged.py)
     disk_cache_bytes: int = 0  # the paged cache's disk tier, per model (0 = off)
     disk_cache_dir: Path | None = None  # where each model's tier gets its own directory
+    kv_quantization: KVQuantization | None = None  # the model's kv_cache.bits (None: off)
 
 
 @dataclass

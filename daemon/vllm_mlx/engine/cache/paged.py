@@ -29,6 +29,7 @@ from mlx_lm.models.cache import KVCache
 
 from vllm_mlx.engine.cache.disk import DiskBlockStore, as_disk_block
 from vllm_mlx.engine.cache.prefix import PrefixCache, PrefixHit
+from vllm_mlx.engine.cache.rows import RowKVCache
 
 # Tokens per block: smaller blocks reuse more of a divergent prompt, larger ones mean
 # fewer arrays to build and join. 16 (as vLLM) also reuses a short chat template's
@@ -58,7 +59,8 @@ def block_keys(tokens: Sequence[int], count: int, size: int = BLOCK_TOKENS) -> l
 
 def _sliceable(cache: list[Any]) -> bool:
     """Plain KV caches whose layers agree on shape and dtype (so blocks can stack them)."""
-    if not cache or not all(type(layer) is KVCache and layer.keys is not None for layer in cache):
+    plain = (KVCache, RowKVCache)  # a batch row's: mlx-lm's with a tag (rows.py)
+    if not cache or not all(type(layer) in plain and layer.keys is not None for layer in cache):
         return False
     shapes = {
         (layer.keys.shape[1], layer.keys.shape[3], layer.values.shape[3], layer.keys.dtype)

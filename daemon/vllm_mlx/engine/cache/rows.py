@@ -1,0 +1,399 @@
+"""The KV cache a batch row lives in: full precision or quantized, and tagged.
+
+mlx-lm's BatchGenerator builds each batch's per-layer cache from the rows' own caches
+(`merge`), grows it as rows join (`extend`), shrinks it as rows leave (`filter`) and
+hands a finished row's cache back (`extract`), in the prompt batch and the decode batch
+alike. Two things ride on that bookkeeping here:
+
+- **Quantization of the live cache** (a model's `kv_cache.bits`). mlx-lm quantizes the
+  cache of one sequence (`QuantizedKVCache`), but its batch cache has no quantized form:
+  `BatchKVCache` below keeps K and V as MLX's affine-quantized triples (packed words,
+  scales, biases) once the batch's longest row reaches `quantized_after` tokens, and
+  mlx_lm's attention takes its quantized path for it (`quantized_scaled_dot_product_
+  attention`, chosen by `hasattr(cache, "bits")`). Before that it is mlx-lm's
+  `BatchKVCache` exactly.
+- **A tag per row** (the LoRA adapter a row runs under). The tags stay aligned with the
+  rows through every merge, extend and filter, so a model wrapper can read which rows
+  the current forward pass computes from `cache_tags(cache)`.
+
+The decision to quantize is per batch: a short row that joins a quantized batch is
+quantized with it. With `quantized_after: 0` (the default) every row is quantized from
+its first token, so a row's output never depends on which rows it shares a batch with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import mlx.core as mx
+from mlx_lm.models import cache as mlx_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, dynamic_roll
+
+# K or V of a batch: one array, or the (packed, scales, biases) triple once quantized.
+Tensor = Any
+
+
+@dataclass(frozen=True)
+class KVQuantization:
+    """A model's `kv_cache` section as the engine takes it."""
+
+    bits: int
+    group_size: int = 64
+    quantized_after: int = 0
+
+
+def _each(fn: Callable[[mx.array], mx.array], kv: Tensor) -> Tensor:
+    """`fn` on an array, or on each array of a quantized triple."""
+    if isinstance(kv, tuple):
+        return tuple(fn(x) for x in kv)
+    return fn(kv)
+
+
+def _quantize(kv: mx.array, quant: KVQuantization) -> tuple[mx.array, ...]:
+    return tuple(mx.quantize(kv, group_size=quant.group_size, bits=quant.bits))
+
+
+def _first(kv: Tensor) -> mx.array:
+    return cast(mx.array, kv[0] if isinstance(kv, tuple) else kv)
+
+
+class RowKVCache(KVCache):
+    """One sequence's full-precision cache, as mlx-lm's, with the row's tag and its
+    model's quantization (so `merge` can build the batch without other context)."""
+
+    def __init__(self, tag: Hashable = None, quant: KVQuantization | None = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.tag = tag
+        self.quant = quant
+
+    def merge(self, caches: Sequence[Any]) -> BatchKVCache:  # type: ignore[override]
+        return BatchKVCache.from_rows(caches, self.quant)
+
+
+class QuantizedRowKVCache(QuantizedKVCache):
+    """One sequence's quantized cache (a finished row's, kept by the prefix cache)."""
+
+    def __init__(
+        self, tag: Hashable = None, quant: KVQuantization | None = None, bits: int = 8
+    ) -> None:
+        group_size = quant.group_size if quant is not None else 64
+        super().__init__(group_size=group_size, bits=quant.bits if quant is not None else bits)
+        self.tag = tag
+        self.quant = quant
+
+    def merge(self, caches: Sequence[Any]) -> BatchKVCache:
+        return BatchKVCache.from_rows(caches, self.quant)
+
+
+def row_caches(
+    layers: list[Any], tag: Hashable = None, quant: KVQuantization | None = None
+) -> list[Any]:
+    """A row's per-layer caches as this module's kinds, carrying `tag` and `quant`.
+
+    Plain KV layers (fresh from make_prompt_cache, or a prefix-cache hit) become row
+    caches; a full-precision one already past `quantized_after` is quantized now.
+    Sliding-window and state-space layers stay as they are (they are not quantized).
+    """
+    out: list[Any] = []
+    for layer in layers:
+        if isinstance(layer, QuantizedKVCache):
+            row: Any = QuantizedRowKVCache(tag, quant, bits=layer.bits)
+            row.group_size = layer.group_size
+        elif type(layer) in (KVCache, RowKVCache):
+            if (
+                quant is not None
+                and layer.keys is not None
+                and layer.offset >= quant.quantized_after
+            ):
+                row = QuantizedRowKVCache(tag, quant)
+                row.keys = _quantize(layer.keys[..., : layer.offset, :], quant)
+                row.values = _quantize(layer.values[..., : layer.offset, :], quant)
+                row.offset = layer.offset
+                out.append(row)
+                continue
+            row = RowKVCache(tag, quant)
+        else:
+            out.append(layer)
+            continue
+        row.keys, row.values, row.offset = layer.keys, layer.values, layer.offset
+        out.append(row)
+    return out
+
+
+def cache_tags(cache: Sequence[Any]) -> list[Hashable] | None:
+    """The tags of a forward pass's rows, from the first layer that keeps them."""
+    for layer in cache:
+        tags = getattr(layer, "tags", None)
+        if tags is not None:
+            return cast(list[Hashable], tags)
+    return None
+
+
+class BatchKVCache(mlx_cache.BatchKVCache):
+    """mlx-lm's batch cache, with row tags, and quantized once its rows are long enough."""
+
+    def __init__(
+        self,
+        left_padding: list[int],
+        tags: Sequence[Hashable] | None = None,
+        quant: KVQuantization | None = None,
+    ) -> None:
+        super().__init__(left_padding)
+        self.tags: list[Hashable] = list(tags) if tags is not None else [None] * len(left_padding)
+        self.quant = quant
+        self.quantized = False
+
+    # mlx_lm's attention takes the quantized path when the cache has `bits`: only once
+    # K and V really are quantized.
+    @property
+    def bits(self) -> int:
+        if not self.quantized or self.quant is None:
+            raise AttributeError("bits")
+        return self.quant.bits
+
+    @property
+    def group_size(self) -> int:
+        if not self.quantized or self.quant is None:
+            raise AttributeError("group_size")
+        return self.quant.group_size
+
+    # --- building ------------------------------------------------------------------
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Any], quant: KVQuantization | None) -> BatchKVCache:
+        """The batch of these rows' caches, left-padded to the longest."""
+        lengths = [int(r.offset) if r.keys is not None else 0 for r in rows]
+        tags = [getattr(r, "tag", None) for r in rows]
+        longest = max(lengths, default=0)
+        padding = [longest - n for n in lengths]
+        batch = cls(padding, tags, quant)
+        if longest == 0:
+            return batch
+        quantize = quant is not None and (
+            longest >= quant.quantized_after or any(isinstance(r, QuantizedKVCache) for r in rows)
+        )
+        tensors = {
+            i: _row_tensors(r, quant if quantize else None)
+            for i, r in enumerate(rows)
+            if r.keys is not None
+        }
+        k0, v0 = next(iter(tensors.values()))
+        empty = (_each(lambda x: x[..., :0, :], k0), _each(lambda x: x[..., :0, :], v0))
+        keys, values = [], []
+        for i, pad in enumerate(padding):
+            k, v = tensors.get(i, empty)
+            keys.append(_padded(k, pad))
+            values.append(_padded(v, pad))
+        batch.keys, batch.values = _stack(keys), _stack(values)
+        batch.quantized = quantize
+        batch.offset = batch.offset + longest
+        batch._idx = longest
+        return batch
+
+    # --- mlx-lm's cache protocol -------------------------------------------------------
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Tensor, Tensor]:
+        if not self.quantized:
+            fetched: tuple[Tensor, Tensor] = super().update_and_fetch(keys, values)  # type: ignore[no-untyped-call]
+            if self.quant is None or self._idx < self.quant.quantized_after:
+                return fetched
+            self._quantize_all()
+            return self.keys_and_values()
+        assert self.quant is not None
+        prev, n = self._idx, keys.shape[2]
+        if self.keys is None or prev + n > _first(self.keys).shape[2]:
+            self._grow(keys, values)
+        q_keys, q_values = _quantize(keys, self.quant), _quantize(values, self.quant)
+        stored = cast(tuple[tuple[mx.array, ...], tuple[mx.array, ...]], (self.keys, self.values))
+        for target, new in zip(stored, (q_keys, q_values), strict=True):
+            for part, piece in zip(target, new, strict=True):
+                part[..., prev : prev + n, :] = piece
+        self.offset = self.offset + n
+        self._idx += n
+        return self.keys_and_values()
+
+    def keys_and_values(self) -> tuple[Tensor, Tensor]:
+        end = self._idx
+        return (
+            _each(lambda x: x[..., :end, :], self.keys),
+            _each(lambda x: x[..., :end, :], self.values),
+        )
+
+    def finalize(self) -> None:
+        if self._right_padding is None:
+            return
+        padding = self._right_padding
+        self.keys = _each(lambda x: dynamic_roll(x, padding[:, None], axis=2), self.keys)
+        self.values = _each(lambda x: dynamic_roll(x, padding[:, None], axis=2), self.values)
+        self.offset = self.offset - padding
+        self.left_padding += padding
+        self._right_padding = None
+
+    def filter(self, batch_indices: Any) -> None:
+        self.tags = [self.tags[int(i)] for i in _indices(batch_indices)]
+        if self.keys is not None:
+            self.keys = _each(lambda x: x[batch_indices], self.keys)
+            self.values = _each(lambda x: x[batch_indices], self.values)
+        self.offset = self.offset[batch_indices]
+        self.left_padding = self.left_padding[batch_indices]
+        shift = min(_ints(self.left_padding), default=0)
+        if shift > 0:  # the rows left: drop the padding every row now has
+            if self.keys is not None:
+                self.keys = _each(lambda x: x[..., shift:, :], self.keys)
+                self.values = _each(lambda x: x[..., shift:, :], self.values)
+            self._idx -= shift
+            self.left_padding -= shift
+
+    def extend(self, other: Any) -> None:
+        other = _as_batch(other, self.quant)
+        self.tags = self.tags + other.tags
+        if self.keys is None and other.keys is None:
+            self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
+            self.offset = mx.concatenate([self.offset, other.offset])
+            return
+        if self.quantized != other.quantized:  # one form for the whole batch
+            for batch in (self, other):
+                if not batch.quantized:
+                    batch._quantize_all()
+        end = max(self._idx, other._idx)
+        size = max(_first(b.keys).shape[2] for b in (self, other) if b.keys is not None)
+        template = self if self.keys is not None else other
+        parts = [_right_justified(b, template, end, size) for b in (self, other)]
+        self.keys = _stack([p[0] for p in parts])
+        self.values = _stack([p[1] for p in parts])
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self.left_padding = mx.concatenate([p[2] for p in parts])
+        self.quantized = self.quantized or other.quantized
+        self._idx = end
+
+    def extract(self, idx: int) -> Any:
+        mx.eval(self.left_padding)
+        pad = _ints(self.left_padding)[idx]
+        end = self._idx
+        row: Any
+        if self.quantized:
+            assert self.quant is not None
+            row = QuantizedRowKVCache(self.tags[idx], self.quant)
+        else:
+            row = RowKVCache(self.tags[idx], self.quant)
+        row.keys = _each(lambda x: mx.contiguous(x[idx : idx + 1, :, pad:end]), self.keys)
+        row.values = _each(lambda x: mx.contiguous(x[idx : idx + 1, :, pad:end]), self.values)
+        row.offset = end - pad
+        return row
+
+    @classmethod
+    def merge(cls, caches: Sequence[Any]) -> BatchKVCache:  # type: ignore[override]
+        quant = next((c.quant for c in caches if getattr(c, "quant", None) is not None), None)
+        return cls.from_rows(caches, quant)
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        parts = [*_parts(self.keys), *_parts(self.values)]
+        return sum(int(p.nbytes) for p in parts)
+
+    # --- quantization ------------------------------------------------------------------
+
+    def _quantize_all(self) -> None:
+        assert self.quant is not None
+        if self.keys is not None:
+            self.keys = _quantize(self.keys, self.quant)
+            self.values = _quantize(self.values, self.quant)
+        self.quantized = True
+
+    def _grow(self, keys: mx.array, values: mx.array) -> None:
+        """Room for the incoming positions, in mlx-lm's steps of 256."""
+        assert self.quant is not None
+        n, prev = keys.shape[2], self._idx
+        steps = (self.step + n - 1) // self.step * self.step
+
+        def grown(kv: Tensor, new: mx.array) -> Tensor:
+            shape = (new.shape[0], new.shape[1], steps, new.shape[3])
+            blank = _quantize(mx.zeros(shape, new.dtype), self.quant)  # type: ignore[arg-type]
+            if kv is None:
+                return blank
+            return tuple(
+                mx.concatenate([x[..., :prev, :], b], axis=2)
+                for x, b in zip(kv, blank, strict=True)
+            )
+
+        self.keys = grown(self.keys, keys)
+        self.values = grown(self.values, values)
+
+
+def _ints(array: mx.array) -> list[int]:
+    return cast(list[int], array.tolist())
+
+
+def _indices(batch_indices: Any) -> list[int]:
+    if isinstance(batch_indices, mx.array):
+        return _ints(batch_indices)
+    return [int(i) for i in batch_indices]
+
+
+def _parts(kv: Tensor) -> list[mx.array]:
+    return list(kv) if isinstance(kv, tuple) else [kv]
+
+
+def _padded(kv: Tensor, pad: int) -> Tensor:
+    """`pad` blank positions before a row's first."""
+    if pad == 0:
+        return kv
+    return _each(lambda x: mx.pad(x, [(0, 0), (0, 0), (pad, 0), (0, 0)]), kv)
+
+
+def _stack(rows: list[Tensor]) -> Tensor:
+    if isinstance(rows[0], tuple):
+        return tuple(mx.concatenate(list(parts), axis=0) for parts in zip(*rows, strict=True))
+    return mx.concatenate(rows, axis=0)
+
+
+def _row_tensors(row: Any, quant: KVQuantization | None) -> tuple[Tensor, Tensor]:
+    """A row's K and V over its own length: quantized when `quant` is given."""
+    n = int(row.offset)
+    keys = _each(lambda x: x[..., :n, :], row.keys)
+    values = _each(lambda x: x[..., :n, :], row.values)
+    if quant is not None and not isinstance(keys, tuple):
+        return _quantize(keys, quant), _quantize(values, quant)
+    return keys, values
+
+
+def _as_batch(other: Any, quant: KVQuantization | None) -> BatchKVCache:
+    """mlx-lm's own batch cache (a model whose rows were made elsewhere) as this one."""
+    if isinstance(other, BatchKVCache):
+        return other
+    batch = BatchKVCache([0] * int(other.left_padding.shape[0]), None, quant)
+    batch.keys, batch.values = other.keys, other.values
+    batch.offset, batch.left_padding, batch._idx = other.offset, other.left_padding, other._idx
+    return batch
+
+
+def _right_justified(
+    batch: BatchKVCache, template: BatchKVCache, end: int, size: int
+) -> tuple[Tensor, Tensor, mx.array]:
+    """A batch's K and V moved so its last position sits at `end`, `size` positions long
+    (as mlx-lm's extend lines two batches up), and its rows' new left padding."""
+    if batch.keys is None:
+        rows = int(batch.offset.shape[0])
+
+        def blank(kv: Tensor) -> Tensor:
+            return _each(lambda x: mx.zeros((rows, x.shape[1], 0, x.shape[3]), x.dtype), kv)
+
+        keys, values = blank(template.keys), blank(template.values)
+    else:
+        keys, values = batch.keys, batch.values
+    left = end - batch._idx
+    length = _first(keys).shape[2]
+    right = size - length - left
+    if right < 0:
+        keys = _each(lambda x: x[..., :right, :], keys)
+        values = _each(lambda x: x[..., :right, :], values)
+        right = 0
+    if left or right:
+        widths = [(0, 0), (0, 0), (left, right), (0, 0)]
+        keys = _each(lambda x: mx.pad(x, widths), keys)
+        values = _each(lambda x: mx.pad(x, widths), values)
+    return keys, values, batch.left_padding + left
