@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import field_validator, model_validator
 
 from vllm_mlx.config.fields import LocatedError, Reload, Section, setting
+from vllm_mlx.config.kv_cache import KVCacheSettings
 from vllm_mlx.models.sources import check_source
 
 MAX_KEEP_ALIVE_S = 365 * 24 * 3600  # a year: beyond it, say -1
@@ -186,6 +187,12 @@ class ModelSettings(Section):
         "one (an agent's system prompt) skips that prefill (docs/caching.md).",
         leaf=True,
     )
+    kv_cache: KVCacheSettings = setting(
+        KVCacheSettings(),
+        Reload.MODEL,
+        "Quantization of the live KV cache: `bits` (4, 8 or unset), `group_size`, "
+        "`quantized_after` (docs/caching.md).",
+    )
     structured_outputs: Literal["llguidance", "off"] = setting(
         "llguidance",
         Reload.HOT,
@@ -240,6 +247,15 @@ class ModelSettings(Section):
                 f"unknown reasoning_parser {value!r}; valid: {', '.join(reasoning_parser_names())}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _kv_cache_generates(self) -> ModelSettings:
+        if self.kv_cache.bits is not None and self.task != "generate":
+            raise LocatedError(
+                f"kv_cache.bits applies to generation models; this one has task: {self.task}",
+                ("kv_cache", "bits"),
+            )
+        return self
 
     @model_validator(mode="after")
     def _auto_tool_choice_needs_parser(self) -> ModelSettings:

@@ -193,7 +193,7 @@ def run_follower(rank: Rank, settings: Settings) -> int:
     from vllm_mlx.config.sections import EngineSettings
     from vllm_mlx.distributed.follower import follow
     from vllm_mlx.engine.scheduler import Scheduler
-    from vllm_mlx.engine.scheduler_state import scheduler_config
+    from vllm_mlx.engine.scheduler_state import scheduler_config, with_kv_cache
 
     (model,) = [m for m in settings.models if m.task == "generate"]
     engine, cache_dir = settings.engine, settings.resolved_cache_dir()
@@ -209,7 +209,8 @@ def run_follower(rank: Rank, settings: Settings) -> int:
         scheduler = Scheduler(
             loaded.model,
             set(loaded.tokenizer.eos_token_ids),
-            scheduler_config(engine),
+            # The launcher's engine quantizes its shard's cache the same way.
+            with_kv_cache(scheduler_config(engine), model.kv_cache, loaded.model),
             name=f"follower-{rank.rank}",
             lockstep=follower,
         )

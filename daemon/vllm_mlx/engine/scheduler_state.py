@@ -6,17 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
 from vllm_mlx.engine.cache.rows import KVQuantization
+from vllm_mlx.engine.fleet.sizes import kv_shape
 from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import Fault, Sampler
 
 if TYPE_CHECKING:
+    from vllm_mlx.config.kv_cache import KVCacheSettings
     from vllm_mlx.config.sections import EngineSettings
 
 from vllm_mlx.engine.types import EngineEvent, FinishReason, GenerationRequest, TokenLogprob
@@ -173,6 +175,21 @@ def scheduler_config(engine: EngineSettings, cache_dir: Path | None = None) -> S
         disk_bytes,
         disk_dir,
     )
+
+
+def with_kv_cache(config: SchedulerConfig, kv: KVCacheSettings, model: Any) -> SchedulerConfig:
+    """`config` with a model's kv_cache section (its load fails on a group size that
+    does not divide the model's head dimension: MLX quantizes along it)."""
+    if kv.bits is None:
+        return config
+    _, _, head_dim = kv_shape(model)
+    if head_dim and head_dim % kv.group_size:
+        raise ValueError(
+            f"kv_cache.group_size {kv.group_size} does not divide the model's head "
+            f"dimension ({head_dim}); choose a group size that does"
+        )
+    quantization = KVQuantization(kv.bits, kv.group_size, kv.quantized_after)
+    return replace(config, kv_quantization=quantization)
 
 
 def vocab_size_of(model: Any) -> int:

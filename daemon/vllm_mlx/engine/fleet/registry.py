@@ -16,6 +16,7 @@ from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token, module_bytes
 from vllm_mlx.engine.scheduler import SchedulerConfig
+from vllm_mlx.engine.scheduler_state import with_kv_cache
 from vllm_mlx.engine.warm import warm
 from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 
@@ -80,6 +81,8 @@ def start_engine(
         embedder = EmbeddingEngine(loaded)
         embedder.start()
         return None, embedder
+    if model is not None:
+        scheduler_config = with_kv_cache(scheduler_config, model.kv_cache, loaded.model)
     engine = Engine(loaded, scheduler_config)
     engine.start()
     if model is not None and model.warm_prompts:
@@ -242,7 +245,8 @@ def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> No
         entry.kv_token_bytes = 0
     else:
         entry.weights_bytes = module_bytes(loaded.model)
-        entry.kv_token_bytes = kv_bytes_per_token(loaded.model)
+        kv = entry.settings.kv_cache
+        entry.kv_token_bytes = kv_bytes_per_token(loaded.model, kv.bits, kv.group_size)
 
 
 def _same_model(entry: ModelEntry, model: ModelSettings) -> bool:

@@ -28,15 +28,27 @@ def _flat(tree: Any) -> list[tuple[str, Any]]:
     return flat
 
 
-def kv_bytes_per_token(model: Any) -> int:
+def kv_shape(model: Any) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) from the model's arguments; zeros when unknown."""
     args = getattr(model, "args", None)
     layers = int(getattr(args, "num_hidden_layers", 0) or 0)
     heads = int(getattr(args, "num_attention_heads", 0) or 0)
     if not layers or not heads:
-        return 0
+        return 0, 0, 0
     kv_heads = int(getattr(args, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(args, "head_dim", None) or getattr(args, "hidden_size", 0) // heads)
-    return 2 * layers * kv_heads * head_dim * _activation_itemsize(model)
+    return layers, kv_heads, head_dim
+
+
+def kv_bytes_per_token(model: Any, bits: int | None = None, group_size: int = 64) -> int:
+    """K and V bytes one token takes; with `bits`, quantized: `bits` per value plus a
+    scale and a bias (in the model's float width) per `group_size` values."""
+    layers, kv_heads, head_dim = kv_shape(model)
+    values = 2 * layers * kv_heads * head_dim
+    itemsize = _activation_itemsize(model) if values else 4
+    if bits is None:
+        return values * itemsize
+    return values * bits // 8 + values // group_size * 2 * itemsize
 
 
 def _activation_itemsize(model: Any) -> int:

@@ -106,6 +106,8 @@ def scaled_dot_product_attention(
     sinks: mx.array | None = None,
 ) -> mx.array:
     """mlx_lm.models.base's function, with the decode case in the extension."""
+    if hasattr(cache, "bits"):  # a quantized KV cache: K and V are (words, scales, biases)
+        return _ORIGINAL(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
     if (
         sinks is None
         and (mask is None or isinstance(mask, mx.array))
