@@ -11,14 +11,14 @@ import pytest
 from tests.engine.test_engine import request, run_all
 from vllm_mlx.config.kv_cache import KVCacheSettings
 from vllm_mlx.config.model import ModelSettings
-from vllm_mlx.engine.cache.perplexity import perplexity
+from vllm_mlx.engine.cache.perplexity import REFERENCE_TEXT, perplexity
 from vllm_mlx.engine.cache.rows import KVQuantization
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.scheduler_state import with_kv_cache
 from vllm_mlx.engine.types import FinishReason
-from vllm_mlx.models.loader import load_model
+from vllm_mlx.models.loader import load_generation_model
 
 PROMPTS = [
     "What is the capital of France?",
@@ -26,26 +26,11 @@ PROMPTS = [
     "List three primary colors.",
     "Explain what a prime number is in one sentence.",
 ]
-# A fixed text for perplexity: plain English prose, the kind a prompt holds.
-TEXT = (
-    "The history of the bicycle begins in the early nineteenth century, when inventors in "
-    "Germany and France built wooden machines that riders pushed along with their feet. "
-    "Pedals came later, fixed to the front wheel, and the wheel grew larger so that each "
-    "turn of the pedals carried the rider further. These high wheelers were fast but "
-    "dangerous, and a fall from the tall seat could cause serious injury. The safety "
-    "bicycle, with two wheels of equal size and a chain driving the rear wheel, solved the "
-    "problem in the eighteen eighties. Pneumatic tyres, invented soon after, made the ride "
-    "smoother, and within a decade cycling had become a popular pastime across Europe and "
-    "North America. Women in particular found new freedom in the bicycle, which let them "
-    "travel without an escort and encouraged more practical clothing. Today bicycles are "
-    "used for commuting, sport and recreation, and many cities build dedicated lanes to "
-    "keep riders safe from cars."
-)
 
 
 def _engine(model_cache_dir: Path, kv: KVCacheSettings) -> Engine:
     settings = ModelSettings(name="smol", source="builtin:smollm2-135m-instruct", kv_cache=kv)
-    loaded = load_model(settings, model_cache_dir)
+    loaded = load_generation_model(settings, model_cache_dir)
     config = SchedulerConfig(max_batch_size=8, prefix_cache_bytes=256 * 2**20)
     return Engine(loaded, with_kv_cache(config, settings.kv_cache, loaded.model))
 
@@ -91,10 +76,10 @@ def test_the_prefix_cache_keeps_quantized_rows_at_their_smaller_size(
         sizes.append(e.scheduler.prefix_cache.nbytes)
     ((_, again),) = run_all(quantized, request(quantized, "again", prompt, 8))
     assert again.usage.cached_tokens == again.usage.prompt_tokens - 1  # reused, quantized
-    stored, full = sizes
+    stored, unquantized = sizes
     bits = quantized.scheduler._config.kv_quantization.bits  # type: ignore[union-attr]
     # bits per value plus a float32 scale and bias per 32 values, against 32 bits.
-    assert stored < full * (bits + 2) / 32 + 64 * 1024
+    assert stored < unquantized * (bits + 2) / 32 + 64 * 1024
 
 
 def test_a_long_prompt_quantizes_the_batch_it_joins(model_cache_dir: Path) -> None:
@@ -118,7 +103,7 @@ def test_perplexity_costs_at_most_the_stated_bound(full: Engine) -> None:
     """The bound docs/caching.md states: 8 bits within 1%, 4 bits (group 32) within 15%,
     over a fixed English text of ~256 tokens on the bundled model."""
     model = full.loaded.model
-    tokens = list(full.tokenizer.encode(TEXT))
+    tokens = list(full.tokenizer.encode(REFERENCE_TEXT))
     base = perplexity(model, tokens, None)
     eight = perplexity(model, tokens, KVQuantization(8, 32))
     four = perplexity(model, tokens, KVQuantization(4, 32))

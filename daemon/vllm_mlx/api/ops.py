@@ -101,6 +101,20 @@ def status(request: Request[Any, Any, Any]) -> dict[str, Any]:
 # --- /v1/status ------------------------------------------------------------------------
 
 
+def _kv_block(entry: ModelEntry, tokens: int) -> dict[str, Any]:
+    """The live KV cache's form and size (the budget's estimate: tokens x bytes each)."""
+    kv = entry.settings.kv_cache
+    return {
+        "bits": entry.kv_bits,
+        "quantized": kv.bits is not None,
+        "group_size": kv.group_size if kv.bits is not None else None,
+        "quantized_after": kv.quantized_after if kv.bits is not None else None,
+        "bytes_per_token": entry.kv_token_bytes,
+        "tokens": tokens,
+        "bytes": tokens * entry.kv_token_bytes,
+    }
+
+
 def _model_block(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
     block: dict[str, Any] = {
         "model": entry.settings.name,
@@ -122,6 +136,7 @@ def _model_block(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
             "total_prompt_tokens": stats.prompt_tokens,
             "total_completion_tokens": stats.generated_tokens,
             "kv_cache_usage": round(scheduler.kv_tokens / capacity, 6) if capacity else 0.0,
+            "kv_cache": _kv_block(entry, scheduler.kv_tokens),
         }
     else:
         embedder = entry.embedder
@@ -243,6 +258,8 @@ def live_sample(state: ServerState) -> tuple[list[ModelSample], MemorySample]:
                 running=scheduler.num_running,
                 waiting=scheduler.num_waiting,
                 kv_usage=scheduler.kv_tokens / capacity if capacity else 0.0,
+                kv_bytes=scheduler.kv_tokens * entry.kv_token_bytes,
+                kv_bits=entry.kv_bits,
             )
         elif entry.embedder is not None:
             sample = ModelSample(

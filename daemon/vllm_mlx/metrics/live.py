@@ -23,6 +23,8 @@ class ModelSample:
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
+    kv_bytes: int = 0
+    kv_bits: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,12 @@ class LiveCollector(Collector):
              "length. 1 means 100 percent usage.", lambda m: m.kv_usage),
             ("vllm_mlx_model_load_seconds", "Seconds the model took to load.",
              lambda m: m.load_seconds),
+            ("vllm_mlx_kv_cache_bytes",
+             "Bytes of KV cache the live sequences hold (tokens x bytes per token at the "
+             "model's kv_cache.bits).", lambda m: m.kv_bytes),
+            ("vllm_mlx_kv_cache_bits",
+             "Bits per cached K/V value: kv_cache.bits, or the float width when unquantized.",
+             lambda m: m.kv_bits),
         ]  # fmt: skip
         for name, doc, value in by_model:
             family = GaugeMetricFamily(name, doc, labels=["model_name"])

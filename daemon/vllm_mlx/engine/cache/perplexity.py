@@ -17,6 +17,23 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx.engine.cache.rows import KVQuantization, row_caches
 
+# The fixed text the test's bound and the benchmark's table are stated over: plain
+# English prose (~230 tokens for the bundled model's tokenizer).
+REFERENCE_TEXT = (
+    "The history of the bicycle begins in the early nineteenth century, when inventors in "
+    "Germany and France built wooden machines that riders pushed along with their feet. "
+    "Pedals came later, fixed to the front wheel, and the wheel grew larger so that each "
+    "turn of the pedals carried the rider further. These high wheelers were fast but "
+    "dangerous, and a fall from the tall seat could cause serious injury. The safety "
+    "bicycle, with two wheels of equal size and a chain driving the rear wheel, solved the "
+    "problem in the eighteen eighties. Pneumatic tyres, invented soon after, made the ride "
+    "smoother, and within a decade cycling had become a popular pastime across Europe and "
+    "North America. Women in particular found new freedom in the bicycle, which let them "
+    "travel without an escort and encouraged more practical clothing. Today bicycles are "
+    "used for commuting, sport and recreation, and many cities build dedicated lanes to "
+    "keep riders safe from cars."
+)
+
 
 def perplexity(
     model: Any,

@@ -10,11 +10,12 @@ from typing import Protocol
 
 import structlog
 
+from vllm_mlx.config.adapters import adapter_ids
 from vllm_mlx.config.fields import Reload
 from vllm_mlx.config.model import ModelSettings, loads_at_startup, warm_texts
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 from vllm_mlx.engine.engine import Engine
-from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token, module_bytes
+from vllm_mlx.engine.fleet.sizes import activation_itemsize, kv_bytes_per_token, module_bytes
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.scheduler_state import with_kv_cache
 from vllm_mlx.engine.warm import warm
@@ -63,6 +64,7 @@ class ModelEntry:
     keep_alive_override: float | None = None
     weights_bytes: int = 0
     kv_token_bytes: int = 0
+    kv_bits: int = 0  # bits per cached K/V value: kv_cache.bits, or the float width
 
     @property
     def runner(self) -> Stoppable | None:
@@ -85,6 +87,8 @@ def start_engine(
         scheduler_config = with_kv_cache(scheduler_config, model.kv_cache, loaded.model)
     engine = Engine(loaded, scheduler_config)
     engine.start()
+    if model is not None:
+        engine.adapters.configure(model.adapters)
     if model is not None and model.warm_prompts:
         warm(engine, model.name, warm_texts(model))
     return engine, None
@@ -99,6 +103,7 @@ class ModelRegistry:
         # Set once the startup models have loaded or failed (ModelManager.load_startup).
         self.started = False
         self._aliases: dict[str, str] = {}
+        self._adapter_ids: dict[str, tuple[str, str]] = {}  # id -> (model, adapter)
         self.set_aliases(models)
         self.scheduler_config = scheduler_config
         self.started_at = time.time()
@@ -106,6 +111,12 @@ class ModelRegistry:
     def set_aliases(self, models: Sequence[ModelSettings]) -> None:
         """Aliases hot-reload: swap the whole map at once."""
         self._aliases = {alias: m.name for m in models for alias in m.aliases}
+        self._adapter_ids = {
+            model_id: (m.name, adapter.name)
+            for m in models
+            for adapter in m.adapters
+            for model_id in adapter_ids(m.name, adapter)
+        }
 
     def load_entry(self, entry: ModelEntry, loader: Loader) -> None:
         """Load and start one model (blocking: run it off the event loop).
@@ -197,6 +208,9 @@ class ModelRegistry:
         ]
         self._entries = entries
         self.set_aliases(models)
+        for entry in entries.values():  # adapters hot-reload: each engine takes its list
+            if entry.engine is not None:
+                entry.engine.adapters.configure(entry.settings.adapters)
         self.scheduler_config = scheduler_config
         return retired
 
@@ -207,8 +221,23 @@ class ModelRegistry:
                 entry.state = LoadState.STOPPED
 
     def resolve(self, model_id: str) -> ModelEntry | None:
+        """The entry serving `model_id`: a model's name or alias, or one of its adapters'
+        ids (the base's entry; `adapter_of` names the adapter)."""
         name = model_id if model_id in self._entries else self._aliases.get(model_id)
+        if name is None and model_id in self._adapter_ids:
+            name = self._adapter_ids[model_id][0]
         return self._entries.get(name) if name else None
+
+    def adapter_of(self, model_id: str) -> str | None:
+        """The adapter an id names (None: a model's name or alias)."""
+        if model_id in self._entries or model_id in self._aliases:
+            return None
+        found = self._adapter_ids.get(model_id)
+        return found[1] if found else None
+
+    def adapter_ids_of(self, name: str) -> list[str]:
+        """The ids of model `name`'s adapters, for the model lists."""
+        return [model_id for model_id, (base, _) in self._adapter_ids.items() if base == name]
 
     def entries(self) -> list[ModelEntry]:
         return list(self._entries.values())
@@ -247,6 +276,7 @@ def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> No
         entry.weights_bytes = module_bytes(loaded.model)
         kv = entry.settings.kv_cache
         entry.kv_token_bytes = kv_bytes_per_token(loaded.model, kv.bits, kv.group_size)
+        entry.kv_bits = kv.bits or 8 * activation_itemsize(loaded.model)
 
 
 def _same_model(entry: ModelEntry, model: ModelSettings) -> bool:

@@ -45,13 +45,13 @@ def kv_bytes_per_token(model: Any, bits: int | None = None, group_size: int = 64
     scale and a bias (in the model's float width) per `group_size` values."""
     layers, kv_heads, head_dim = kv_shape(model)
     values = 2 * layers * kv_heads * head_dim
-    itemsize = _activation_itemsize(model) if values else 4
+    itemsize = activation_itemsize(model) if values else 4
     if bits is None:
         return values * itemsize
     return values * bits // 8 + values // group_size * 2 * itemsize
 
 
-def _activation_itemsize(model: Any) -> int:
+def activation_itemsize(model: Any) -> int:
     """The float width the model computes in: its first floating parameter's (for a
     quantized model, the scales')."""
     for _, value in _flat(model.parameters()):
