@@ -237,8 +237,21 @@ def test_watched_dirs_follow_symlink_chain(tmp_path: Path) -> None:
     assert watched_dirs(conf / "vllm-mlx.yaml") == {conf, tmp_path, real}
 
 
+class FakeAdapters:
+    """What a kept engine is told about its LoRA adapters on each swap."""
+
+    def __init__(self) -> None:
+        self.configured: list[list[str]] = []
+
+    def configure(self, adapters: list[Any]) -> None:
+        self.configured.append([a.name for a in adapters])
+
+
 class FakeEngine:
     stopped = False
+
+    def __init__(self) -> None:
+        self.adapters = FakeAdapters()
 
     def stop(self) -> None:
         self.stopped = True
@@ -264,7 +277,7 @@ def test_prepare_keeps_engines_whose_model_keys_are_unchanged() -> None:
     registry, engines = registry_serving(a)
     changed_hot = a.model_copy(update={"aliases": ["y"], "reasoning_parser": "qwen3"})
     entries = registry.prepare([changed_hot], SchedulerConfig(), no_loading)
-    assert entries["a"].engine is engines["a"] and entries["a"].settings is changed_hot
+    assert entries["a"].engine is engines["a"] and entries["a"].settings is changed_hot  # type: ignore[comparison-overlap]
     assert registry.swap(entries, [changed_hot], SchedulerConfig()) == []
     assert registry.resolve("y") is not None and registry.resolve("x") is None
 

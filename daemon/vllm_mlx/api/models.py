@@ -50,6 +50,9 @@ def model_cards(state: ServerState) -> list[ModelCard]:
         name, task = entry.settings.name, entry.settings.task
         cards.append(_model_card(name, entry.created, task))
         cards.extend(_model_card(a, entry.created, task) for a in state.registry.aliases_of(name))
+        cards.extend(
+            _model_card(a, entry.created, task) for a in state.registry.adapter_ids_of(name)
+        )
     return cards
 
 
@@ -70,7 +73,8 @@ def model_infos(state: ServerState) -> list[ModelInfo]:
     for entry in visible(state.registry.entries()):
         name = entry.settings.name
         context = entry.engine.context_length if entry.engine is not None else None
-        for model_id in (name, *state.registry.aliases_of(name)):
+        ids = (*state.registry.aliases_of(name), *state.registry.adapter_ids_of(name))
+        for model_id in (name, *ids):
             infos.append(
                 {
                     "type": "model",

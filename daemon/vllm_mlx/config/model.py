@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
+from vllm_mlx.config.adapters import AdapterSettings, adapter_ids
 from vllm_mlx.config.fields import LocatedError, Reload, Section, setting
 from vllm_mlx.config.kv_cache import KVCacheSettings
 from vllm_mlx.models.sources import check_source
@@ -20,6 +21,11 @@ def check_unique_model_ids(models: list[ModelSettings]) -> None:
     for index, model in enumerate(models):
         ids: list[tuple[str, tuple[str | int, ...]]] = [(model.name, (index, "name"))]
         ids += [(alias, (index, "aliases", n)) for n, alias in enumerate(model.aliases)]
+        ids += [
+            (adapter_id, (index, "adapters", n, "name"))
+            for n, adapter in enumerate(model.adapters)
+            for adapter_id in adapter_ids(model.name, adapter)
+        ]
         for model_id, loc in ids:
             if model_id in seen:
                 first = seen[model_id]
@@ -193,6 +199,13 @@ class ModelSettings(Section):
         "Quantization of the live KV cache: `bits` (4, 8 or unset), `group_size`, "
         "`quantized_after` (docs/caching.md).",
     )
+    adapters: list[AdapterSettings] = setting(
+        [],
+        Reload.HOT,
+        "LoRA adapters (mlx-lm adapter directories: `{name, path}`) served beside this "
+        "model under their own ids (`name` and `<model>:<name>`), batched with it; loaded "
+        "on first use, a change reloads that adapter only (docs/adapters.md).",
+    )
     structured_outputs: Literal["llguidance", "off"] = setting(
         "llguidance",
         Reload.HOT,
@@ -254,6 +267,15 @@ class ModelSettings(Section):
             raise LocatedError(
                 f"kv_cache.bits applies to generation models; this one has task: {self.task}",
                 ("kv_cache", "bits"),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_generate(self) -> ModelSettings:
+        if self.adapters and self.task != "generate":
+            raise LocatedError(
+                f"adapters apply to generation models; this one has task: {self.task}",
+                ("adapters",),
             )
         return self
 

@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
+from vllm_mlx.engine.adapters import EngineAdapters
 from vllm_mlx.engine.cache.disk import DiskBlockStore, model_identity
 from vllm_mlx.engine.constraints import ConstraintCompiler
 from vllm_mlx.engine.scheduler import Scheduler, SchedulerConfig
@@ -38,6 +39,8 @@ class Engine:
         # The Hugging Face tokenizer inside mlx-lm's wrapper; llguidance reads its table.
         hf_tokenizer = getattr(loaded.tokenizer, "_tokenizer", loaded.tokenizer)
         self.constraints = ConstraintCompiler(hf_tokenizer, sorted(self.eos_token_ids))
+        # LoRA adapters beside the base, loaded on first use (docs/adapters.md).
+        self.adapters = EngineAdapters(self.scheduler, loaded.model)
         self._accepting = False
 
     def start(self) -> None:

@@ -19,6 +19,7 @@ import structlog
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
+from vllm_mlx.engine.adapter_prefix import keyed_cache
 from vllm_mlx.engine.batch_generator import LeanBatchGenerator
 from vllm_mlx.engine.cache.disk import DiskBlockStore
 from vllm_mlx.engine.cache.factory import make_prefix_cache
@@ -52,6 +53,7 @@ from vllm_mlx.engine.types import (
     SequenceFinished,
     TokensGenerated,
 )
+from vllm_mlx.models.lora import adapter_refusal, routing
 
 log = structlog.get_logger(__name__)
 
@@ -205,6 +207,10 @@ class Scheduler:
         engine's own guard, so no caller can put a bad value into a shared step)."""
         for _, message in request.sampling.problems(self.vocab_size):
             return message
+        if request.adapter is not None and (
+            refused := adapter_refusal(self._model, request.adapter)
+        ):
+            return refused
         if request.max_tokens < 1 and request.prompt_logprobs is None:  # 0: score only
             return "max_tokens must be at least 1"
         tokens = request.prompt_tokens
@@ -228,10 +234,13 @@ class Scheduler:
             if self.lockstep is not None:  # before its prefill: other ranks join that too
                 self.lockstep.added(request)
             if request.shared is None and request.prompt_logprobs is None:
-                hit, scores = self.prefix_cache.lookup(request.prompt_tokens), None
+                keyed = keyed_cache(self.prefix_cache, request.adapter)
+                hit, scores = keyed.lookup(request.prompt_tokens), None
                 reused = hit.cached
             else:  # n sequences from one prefill, or a prompt to score
-                hit, reused, scores = shared_prefill(self._model, self.prefix_cache, request)
+                keyed = keyed_cache(self.prefix_cache, request.adapter)
+                with routing(self._model, request.adapter):  # its prefill runs the adapter
+                    hit, reused, scores = shared_prefill(self._model, keyed, request)
             if request.max_tokens == 0:  # scored, nothing to generate
                 command.sink(PromptProcessed(time.monotonic(), reused, prompt_logprobs=scores))
                 command.sink(SequenceFinished(FinishReason.LENGTH))
@@ -243,7 +252,7 @@ class Scheduler:
                 max_tokens=[request.max_tokens],
                 # The cached prefix's tokens go in all_tokens so the sequence's token
                 # record (the key its cache is stored under when it ends) stays whole.
-                caches=[row_caches(layers, None, self._config.kv_quantization)],
+                caches=[row_caches(layers, request.adapter, self._config.kv_quantization)],
                 all_tokens=[list(request.prompt_tokens[: hit.cached])],
                 samplers=[slot_sampler(request, fault, self.vocab_size, self.lockstep)],
                 logits_processors=[processors],
@@ -336,7 +345,7 @@ class Scheduler:
                 stored = 0
                 if gen.prompt_cache is not None and gen.all_tokens:
                     prompt = (len(slot.request.prompt_tokens), slot.cached_tokens)
-                    stored = self.prefix_cache.store_prompt(
+                    stored = keyed_cache(self.prefix_cache, slot.request.adapter).store_prompt(
                         gen.all_tokens, gen.prompt_cache, *prompt
                     )
                 finished.append((slot, gen.finish_reason, stored))

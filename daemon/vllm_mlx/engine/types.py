@@ -125,6 +125,8 @@ class GenerationRequest:
     # Log-probabilities of the prompt's tokens (echo), with this many alternatives.
     prompt_logprobs: int | None = None
     shared: SharedPrefill | None = None
+    # The LoRA adapter's tag (engine/adapters.py) this request runs under; None: the base.
+    adapter: str | None = None
 
 
 # Events the engine thread posts to a request's queue (token ids, not text: the

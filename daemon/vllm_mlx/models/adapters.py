@@ -8,7 +8,7 @@ tensors are checked as `load_adapters` checks them, so an adapter loads here exa
 when `mlx_lm.load(..., adapter_path=...)` would load it, with the same effect.
 
 `check_adapter_dir` needs no model (check-config runs it on every config load);
-`adapter_pairs` needs the loaded base and finds what only the base can tell (an adapter
+`adapter_pairs` needs the loaded base (and mlx) and finds what only the base can tell (an adapter
 made for another architecture or size).
 """
 
@@ -18,9 +18,10 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vllm_mlx.models.lora import LoRAPair, is_linear
+if TYPE_CHECKING:  # mlx is imported only once a model is loaded (after the BLAS choice)
+    from vllm_mlx.models.lora import LoRAPair
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapters.safetensors"
@@ -117,6 +118,8 @@ def check_adapter_dir(directory: Path) -> AdapterConfig:
 def target_layers(model: Any, config: AdapterConfig) -> dict[str, Any]:
     """Full module path -> layer, for the layers mlx-lm's linear_to_lora_layers would
     wrap (the last `num_layers` blocks; every linear in a block unless `keys` names them)."""
+    from vllm_mlx.models.lora import is_linear
+
     blocks = list(model.layers)
     keys = set(config.keys) if config.keys is not None else None
     if keys is None:
@@ -145,6 +148,8 @@ def _module_at(blocks: list[Any], key: str) -> Any:
 
 def _lora_kind(module: Any) -> bool:
     # The types linear_to_lora_layers gathers keys for (a non-linear one is refused above).
+    from vllm_mlx.models.lora import is_linear
+
     if module is None:
         return False
     if is_linear(module) or hasattr(module, "to_lora"):
@@ -167,6 +172,8 @@ def adapter_pairs(model: Any, directory: Path) -> dict[str, LoRAPair]:
     """The adapter's pairs by full module path, checked against `model` as mlx-lm's
     load_adapters checks them (AdapterError listing every mismatch)."""
     import mlx.core as mx
+
+    from vllm_mlx.models.lora import LoRAPair
 
     config = check_adapter_dir(directory)
     targets = target_layers(model, config)

@@ -54,6 +54,7 @@ class Router:
 
     rows: tuple[Hashable, ...] | None = None
     default: Hashable = None
+    tags: set[Hashable] = field(default_factory=set)  # the adapters installed
 
     def row_tags(self, batch: int) -> tuple[Hashable, ...]:
         if self.rows is not None and len(self.rows) == batch:
@@ -155,6 +156,7 @@ def install(model: Any, tag: Hashable, layers: dict[str, LoRAPair]) -> int:
     modules = dict(model.named_modules())
     for path, pair in layers.items():
         bank_of(modules[path], router).pairs[tag] = pair
+    router.tags.add(tag)
     return sum(pair.nbytes for pair in layers.values())
 
 
@@ -164,6 +166,9 @@ def uninstall(model: Any, tag: Hashable) -> None:
         bank = getattr(module, "lora_bank", None)
         if isinstance(bank, LoRABank):
             bank.pairs.pop(tag, None)
+    router = getattr(model, "lora_router", None)
+    if isinstance(router, Router):
+        router.tags.discard(tag)
 
 
 def installed(model: Any) -> set[Hashable]:
@@ -173,6 +178,25 @@ def installed(model: Any) -> set[Hashable]:
         if isinstance(bank, LoRABank):
             tags.update(bank.pairs)
     return tags
+
+
+def adapter_refusal(model: Any, tag: Hashable) -> str | None:
+    """Why a request for adapter `tag` cannot run on `model` now (None: it can)."""
+    router = getattr(model, "lora_router", None)
+    if isinstance(router, Router) and tag in router.tags:
+        return None
+    return f"the adapter {tag} is not loaded on this model"
+
+
+@contextlib.contextmanager
+def routing(model: Any, tag: Hashable) -> Iterator[None]:
+    """Forward passes of `model` without row tags run adapter `tag` meanwhile."""
+    router = getattr(model, "lora_router", None)
+    if tag is None or not isinstance(router, Router):
+        yield
+        return
+    with router.defaulting(tag):
+        yield
 
 
 def is_linear(module: Any) -> bool:

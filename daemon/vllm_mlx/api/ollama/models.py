@@ -128,7 +128,7 @@ def details(entry: ModelEntry, files: ModelFiles) -> dict[str, Any]:
 
 def _names(state: ServerState, entry: ModelEntry) -> list[str]:
     name = entry.settings.name
-    return [name, *state.registry.aliases_of(name)]
+    return [name, *state.registry.aliases_of(name), *state.registry.adapter_ids_of(name)]
 
 
 def _summary(entry: ModelEntry, model_id: str, files: ModelFiles) -> dict[str, Any]:

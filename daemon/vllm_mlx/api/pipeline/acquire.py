@@ -9,6 +9,8 @@ from __future__ import annotations
 from vllm_mlx.api.errors import APIError, model_not_found
 from vllm_mlx.api.principal import check_model
 from vllm_mlx.api.state import ServerState
+from vllm_mlx.engine.adapters import AdapterUnavailableError
+from vllm_mlx.engine.fleet.leases import current_leases
 from vllm_mlx.engine.fleet.registry import LoadState, ModelEntry
 from vllm_mlx.engine.fleet.residency import ModelCapacityError, ModelLoadError, ModelManager
 from vllm_mlx.usage.record import note_usage_model
@@ -53,3 +55,23 @@ async def load(state: ServerState, entry: ModelEntry, model_id: str, hold: bool)
         if not message.startswith("model '"):
             message = f"model '{model_id}' failed to load: {message}"
         raise APIError(503, message, "unavailable", code="model_not_ready") from exc
+
+
+async def acquire_adapter(state: ServerState, entry: ModelEntry, model_id: str) -> str | None:
+    """The tag of the LoRA adapter `model_id` names (None: the base), loaded beside the
+    running base if needed and held for this request; 503 when it cannot serve."""
+    name = state.registry.adapter_of(model_id)
+    if name is None or entry.engine is None:
+        return None
+    adapters = entry.engine.adapters
+    manager = manager_of(state)
+    try:
+        tag = await adapters.acquire(name, lambda _: manager.adapter_room(entry))
+    except KeyError as exc:  # the config changed between the lookup and now
+        raise APIError(
+            503, f"adapter '{model_id}' is not served now", "unavailable", code="adapter_not_ready"
+        ) from exc
+    except AdapterUnavailableError as exc:
+        raise APIError(503, str(exc), "unavailable", code="adapter_not_ready") from exc
+    adapters.hold(tag, current_leases())
+    return tag

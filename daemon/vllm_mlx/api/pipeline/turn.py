@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from litestar import Request
 
 from vllm_mlx.api.errors import bad_request
-from vllm_mlx.api.pipeline.acquire import acquire, served_entry
+from vllm_mlx.api.pipeline.acquire import acquire, acquire_adapter, served_entry
 from vllm_mlx.api.pipeline.offload import off_loop
 from vllm_mlx.api.state import note_model, request_settings, server_state
 from vllm_mlx.config.model import ModelSettings
@@ -44,6 +44,7 @@ class Turn:
     model: ModelSettings | None  # the model's current settings (parsers hot-reload)
     metrics: Metrics | None
     route: str
+    adapter: str | None = None  # the LoRA adapter's tag when the id names one
 
     @property
     def tokenizer(self) -> Any:
@@ -136,6 +137,7 @@ class Turn:
             logprobs_raw=plan.logprobs_raw,
             prompt_logprobs=plan.prompt_logprobs,
             shared=plan.shared,
+            adapter=self.adapter,
         )
 
 
@@ -185,4 +187,5 @@ async def resolve_turn(request: Request[Any, Any, Any], model_id: str, route: st
         # Steps only happen for submitted requests, so hooking here misses none.
         scheduler.on_step = state.metrics.step_hook(name)
     model = next((m for m in settings.models if m.name == name), None)
-    return Turn(model_id, name, entry.engine, settings, model, state.metrics, route)
+    adapter = await acquire_adapter(state, entry, model_id)
+    return Turn(model_id, name, entry.engine, settings, model, state.metrics, route, adapter)

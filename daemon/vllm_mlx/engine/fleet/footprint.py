@@ -54,7 +54,8 @@ def footprint(entry: ModelEntry) -> Footprint:
         return Footprint(0, 0, 0)
     engine = entry.engine
     kv = engine.scheduler.kv_tokens * entry.kv_token_bytes if engine is not None else 0
-    return Footprint(entry.weights_bytes, kv, prefix_cache_bound(entry))
+    adapters = engine.adapters.nbytes if engine is not None else 0  # LoRA pairs beside it
+    return Footprint(entry.weights_bytes + adapters, kv, prefix_cache_bound(entry))
 
 
 def is_busy(entry: ModelEntry) -> bool:

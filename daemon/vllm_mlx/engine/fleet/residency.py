@@ -104,6 +104,15 @@ class ModelManager:
                 return model
         return entry.settings
 
+    def adapter_room(self, entry: ModelEntry) -> int | None:
+        """The bytes `entry`'s adapters may take under the budget beside everything else
+        loaded (None: no budget); its idle adapters are what it evicts to stay inside."""
+        budget = self.budget()
+        if budget is None or entry.engine is None:
+            return None
+        others = sum(footprint(e).total for e in self.registry.entries())
+        return budget - others + entry.engine.adapters.nbytes
+
     def memory_sample(self) -> tuple[list[tuple[str, int]], int | None]:
         sizes = [(e.settings.name, footprint(e).total) for e in self.registry.entries()]
         return sizes, self.budget()
