@@ -96,21 +96,6 @@ class EngineAdapters:
     def loaded(self) -> list[LoadedAdapter]:
         return list(self._loaded.values())
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """For /v1/status: each configured adapter and whether it is in memory."""
-        rows = []
-        for name in self._configured:
-            held = [a for a in self._loaded.values() if a.name == name]
-            rows.append(
-                {
-                    "name": name,
-                    "loaded": bool(held),
-                    "memory_mb": round(sum(a.nbytes for a in held) / MIB, 3),
-                    "in_flight": sum(a.in_flight for a in held),
-                }
-            )
-        return rows
-
     # --- requests --------------------------------------------------------------------
 
     async def acquire(self, name: str, budget: Callable[[int], int | None] | None = None) -> str:
