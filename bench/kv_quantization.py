@@ -59,7 +59,7 @@ def main() -> int:
     from vllm_mlx.engine.cache.perplexity import REFERENCE_TEXT, perplexity
     from vllm_mlx.engine.cache.rows import KVQuantization
     from vllm_mlx.engine.engine import Engine
-    from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token
+    from vllm_mlx.engine.fleet.sizes import kv_bytes_per_token, probe_kv_itemsize
     from vllm_mlx.engine.scheduler import SchedulerConfig
     from vllm_mlx.engine.scheduler_state import with_kv_cache
     from vllm_mlx.models.loader import load_generation_model
@@ -77,10 +77,11 @@ def main() -> int:
         engines[label] = Engine(loaded, config)
         engines[label].start()
     text_tokens = list(loaded.tokenizer.encode(REFERENCE_TEXT))
+    itemsize = probe_kv_itemsize(loaded.model)
     prompts = _prompts(args.prompts)
     rows: dict[str, dict[str, Any]] = {}
     for label, bits, group in SETTINGS:
-        per_token = kv_bytes_per_token(loaded.model, bits, group)
+        per_token = kv_bytes_per_token(loaded.model, bits, group, itemsize)
         quant = None if bits is None else KVQuantization(bits, group)
         rows[label] = {
             "bytes_per_token": per_token,

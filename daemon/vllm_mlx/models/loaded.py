@@ -21,6 +21,8 @@ class LoadedModel:
     load_seconds: float = 0.0
     # A model sharded over a distributed group: the scheduler's Lockstep (rank 0).
     lockstep: Any = None
+    # Bytes per cached K/V value, measured before the engine starts (None: not measured).
+    kv_itemsize: int | None = None
 
 
 class Embedder(Protocol):

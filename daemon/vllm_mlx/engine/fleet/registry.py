@@ -15,7 +15,12 @@ from vllm_mlx.config.fields import Reload
 from vllm_mlx.config.model import ModelSettings, loads_at_startup, warm_texts
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
 from vllm_mlx.engine.engine import Engine
-from vllm_mlx.engine.fleet.sizes import activation_itemsize, kv_bytes_per_token, module_bytes
+from vllm_mlx.engine.fleet.sizes import (
+    activation_itemsize,
+    kv_bytes_per_token,
+    module_bytes,
+    probe_kv_itemsize,
+)
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.scheduler_state import with_kv_cache
 from vllm_mlx.engine.warm import warm
@@ -85,6 +90,8 @@ def start_engine(
         return None, embedder
     if model is not None:
         scheduler_config = with_kv_cache(scheduler_config, model.kv_cache, loaded.model)
+    if loaded.lockstep is None:  # before the engine thread runs it (a shard needs its group)
+        loaded.kv_itemsize = probe_kv_itemsize(loaded.model)
     engine = Engine(loaded, scheduler_config)
     engine.start()
     if model is not None:
@@ -275,8 +282,9 @@ def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> No
     else:
         entry.weights_bytes = module_bytes(loaded.model)
         kv = entry.settings.kv_cache
-        entry.kv_token_bytes = kv_bytes_per_token(loaded.model, kv.bits, kv.group_size)
-        entry.kv_bits = kv.bits or 8 * activation_itemsize(loaded.model)
+        itemsize = loaded.kv_itemsize or activation_itemsize(loaded.model)
+        entry.kv_token_bytes = kv_bytes_per_token(loaded.model, kv.bits, kv.group_size, itemsize)
+        entry.kv_bits = kv.bits or 8 * itemsize
 
 
 def _same_model(entry: ModelEntry, model: ModelSettings) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
 
 
 def module_bytes(module: Any) -> int:
@@ -40,12 +41,29 @@ def kv_shape(model: Any) -> tuple[int, int, int]:
     return layers, kv_heads, head_dim
 
 
-def kv_bytes_per_token(model: Any, bits: int | None = None, group_size: int = 64) -> int:
+def probe_kv_itemsize(model: Any) -> int:
+    """The float width K and V are cached in, from one token through the model on a
+    throwaway cache. The weights do not always say it: the CPU kernel computes float32
+    over float16 scales, where the first floating parameter would say 2 bytes."""
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[0]]), cache=cache))
+    for layer in cache:
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, mx.array):
+            return int(keys.dtype.size)
+    return activation_itemsize(model)
+
+
+def kv_bytes_per_token(
+    model: Any, bits: int | None = None, group_size: int = 64, itemsize: int | None = None
+) -> int:
     """K and V bytes one token takes; with `bits`, quantized: `bits` per value plus a
-    scale and a bias (in the model's float width) per `group_size` values."""
+    scale and a bias (in the cache's float width) per `group_size` values. `itemsize`:
+    that width when measured (probe_kv_itemsize), else the model's parameters'."""
     layers, kv_heads, head_dim = kv_shape(model)
     values = 2 * layers * kv_heads * head_dim
-    itemsize = activation_itemsize(model) if values else 4
+    if itemsize is None:
+        itemsize = activation_itemsize(model) if values else 4
     if bits is None:
         return values * itemsize
     return values * bits // 8 + values // group_size * 2 * itemsize
