@@ -101,7 +101,7 @@ def test_a_long_prompt_quantizes_the_batch_it_joins(model_cache_dir: Path) -> No
 
 def test_perplexity_costs_at_most_the_stated_bound(full: Engine) -> None:
     """The bound docs/caching.md states: 8 bits within 1%, 4 bits (group 32) within 15%,
-    over a fixed English text of ~256 tokens on the bundled model."""
+    over a fixed English text of 183 tokens on the bundled model."""
     model = full.loaded.model
     tokens = list(full.tokenizer.encode(REFERENCE_TEXT))
     base = perplexity(model, tokens, None)

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from vllm_mlx.engine.cache.rows import KVQuantization, row_caches
 
 # The fixed text the test's bound and the benchmark's table are stated over: plain
-# English prose (~230 tokens for the bundled model's tokenizer).
+# English prose (183 tokens for the bundled model's tokenizer).
 REFERENCE_TEXT = (
     "The history of the bicycle begins in the early nineteenth century, when inventors in "
     "Germany and France built wooden machines that riders pushed along with their feet. "
