@@ -85,6 +85,12 @@ class EngineAdapters:
         self._current.clear()
         self._drop_stale()
 
+    def sync(self, adapters: Sequence[AdapterSettings]) -> None:
+        """`configure`, only when the list differs from the one served (an engine that
+        loaded after a hot reload may have started from an older list)."""
+        if list(self._configured.values()) != list(adapters):
+            self.configure(adapters)
+
     @property
     def names(self) -> list[str]:
         return list(self._configured)

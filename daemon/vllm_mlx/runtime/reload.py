@@ -247,7 +247,9 @@ class Reloader:
         self.state.config_loaded_at = time.time()
         if settings.logging != previous.logging:
             configure_logging(settings.logging)
-        if [m.aliases for m in settings.models] != [m.aliases for m in previous.models]:
+        if [(m.aliases, m.adapters) for m in settings.models] != [
+            (m.aliases, m.adapters) for m in previous.models
+        ]:
             self.state.registry.set_aliases(settings.models)
         for listener in self._listeners:
             listener(previous, settings)

@@ -65,6 +65,7 @@ async def acquire_adapter(state: ServerState, entry: ModelEntry, model_id: str) 
         return None
     adapters = entry.engine.adapters
     manager = manager_of(state)
+    adapters.sync(manager.model_settings(entry).adapters)
     try:
         tag = await adapters.acquire(name, lambda _: manager.adapter_room(entry))
     except KeyError as exc:  # the config changed between the lookup and now

@@ -116,7 +116,8 @@ class ModelRegistry:
         self.started_at = time.time()
 
     def set_aliases(self, models: Sequence[ModelSettings]) -> None:
-        """Aliases hot-reload: swap the whole map at once."""
+        """Aliases and adapters hot-reload: swap the id maps at once, and hand each
+        running engine its adapter list (docs/adapters.md)."""
         self._aliases = {alias: m.name for m in models for alias in m.aliases}
         self._adapter_ids = {
             model_id: (m.name, adapter.name)
@@ -124,6 +125,10 @@ class ModelRegistry:
             for adapter in m.adapters
             for model_id in adapter_ids(m.name, adapter)
         }
+        for m in models:
+            entry = self._entries.get(m.name)
+            if entry is not None and entry.engine is not None:
+                entry.engine.adapters.configure(m.adapters)
 
     def load_entry(self, entry: ModelEntry, loader: Loader) -> None:
         """Load and start one model (blocking: run it off the event loop).
@@ -215,9 +220,6 @@ class ModelRegistry:
         ]
         self._entries = entries
         self.set_aliases(models)
-        for entry in entries.values():  # adapters hot-reload: each engine takes its list
-            if entry.engine is not None:
-                entry.engine.adapters.configure(entry.settings.adapters)
         self.scheduler_config = scheduler_config
         return retired
 
