@@ -59,6 +59,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path) -> I
 
 
 CHAT = {"model": MAIN, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+# Ollama's /api/chat ignores max_tokens: without num_predict it samples up to the default
+# limit (1024 tokens), tens of seconds when the model does not stop early.
+OLLAMA_CHAT = {**CHAT, "stream": False, "options": {"num_predict": 1}}
 # (method, path, body, the scope it needs): a route of every family of each scope.
 ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/v1/chat/completions", CHAT, "inference"),
@@ -67,7 +70,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/v1/messages", {**CHAT, "max_tokens": 1}, "inference"),
     ("POST", "/tokenize", {"model": MAIN, "prompt": "hello"}, "inference"),
     ("GET", "/v1/models", None, "inference"),
-    ("POST", "/api/chat", {**CHAT, "stream": False}, "inference"),
+    ("POST", "/api/chat", OLLAMA_CHAT, "inference"),
     ("GET", "/api/tags", None, "inference"),
     ("POST", f"/v1/models/{MAIN}/load", None, "models"),
     ("POST", f"/v1/models/{SPARE}/unload", None, "models"),
@@ -139,7 +142,7 @@ def test_a_key_sees_and_uses_only_its_models(daemon: DaemonProcess) -> None:
     assert by_alias.status_code == 403
     anthropic = _call(daemon, "POST", "/v1/messages", CHAT, LIMITED)
     assert anthropic.status_code == 403 and anthropic.json()["error"]["type"] == "permission_error"
-    ollama = _call(daemon, "POST", "/api/chat", {**CHAT, "stream": False}, LIMITED)
+    ollama = _call(daemon, "POST", "/api/chat", OLLAMA_CHAT, LIMITED)
     assert ollama.status_code == 403 and MAIN in ollama.json()["error"]
     allowed = _call(daemon, "POST", "/v1/chat/completions", {**CHAT, "model": SPARE}, LIMITED)
     assert allowed.status_code == 200
@@ -181,7 +184,8 @@ def test_a_key_rotated_by_hot_reload(daemon: DaemonProcess) -> None:
     """The old key is refused at once; the request it started finishes."""
     good = yaml.safe_load(daemon.config_path.read_text())
     old = SECRETS["inference"]
-    body = {**CHAT, "max_tokens": 600, "logit_bias": NO_EOS, "stream": True}
+    # Long enough to outlast the reload (applied in about 0.4 s) many times over.
+    body = {**CHAT, "max_tokens": 200, "logit_bias": NO_EOS, "stream": True}
     first_chunk, chunks = threading.Event(), []
 
     def stream() -> None:
