@@ -205,6 +205,7 @@ class ModelSettings(Section):
         "LoRA adapters (mlx-lm adapter directories: `{name, path}`) served beside this "
         "model under their own ids (`name` and `<model>:<name>`), batched with it; loaded "
         "on first use, a change reloads that adapter only (docs/adapters.md).",
+        leaf=True,
     )
     structured_outputs: Literal["llguidance", "off"] = setting(
         "llguidance",
