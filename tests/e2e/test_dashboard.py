@@ -7,6 +7,7 @@ configured: the page must ask for it before it shows anything.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import NO_EOS, wait_for
@@ -122,6 +123,15 @@ def test_load_and_unload_buttons(page: Page, daemon: DaemonProcess) -> None:
 
 def test_a_streamed_chat_shows_tokens_arriving(page: Page) -> None:
     page.get_by_test_id("chat-model").select_option(MAIN)
+
+    def fewer_tokens(route: Route) -> None:
+        """The page asks for up to 512 tokens; a few dozen show the stream as well.
+        Only the request is rewritten: the response streams to the page untouched."""
+        body = json.loads(route.request.post_data or "{}")
+        assert body["stream"] is True and body["max_tokens"] == 512
+        route.continue_(post_data=json.dumps({**body, "max_tokens": 24}))
+
+    page.route("**/v1/chat/completions", fewer_tokens)
     # Record every length the answer's text takes as it is rendered.
     page.evaluate(
         """() => {
