@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,9 @@ class EngineAdapters:
         self._current: dict[str, str] = {}  # name -> the tag its files have now
         self._loaded: dict[str, LoadedAdapter] = {}  # tag -> adapter
         self._lock = asyncio.Lock()
+        # (name, path) -> (the files' sizes and mtimes, their tag): hashed again only
+        # when the files change, not on every request.
+        self._tags: dict[tuple[str, Path], tuple[tuple[int, ...], str]] = {}
 
     # --- what is served --------------------------------------------------------------
 
@@ -111,7 +115,7 @@ class EngineAdapters:
         of the daemon, given `extra` more (None: no budget). KeyError for a name not
         configured; AdapterUnavailableError when it cannot be served."""
         spec = self._configured[name]
-        tag = await asyncio.to_thread(adapter_tag, name, spec.path)
+        tag = await self._tag(name, spec.path)
         async with self._lock:
             if self._configured.get(name) is not spec:  # a reload meanwhile
                 raise AdapterUnavailableError(f"adapter '{name}' was removed or changed")
@@ -138,6 +142,18 @@ class EngineAdapters:
         adapter.in_flight = max(0, adapter.in_flight - 1)
         adapter.last_used = time.monotonic()
         self._drop_stale()
+
+    async def _tag(self, name: str, path: Path) -> str:
+        try:
+            stamp = tuple(n for part in (CONFIG, WEIGHTS) for n in _stamp((path / part).stat()))
+        except OSError as exc:
+            raise AdapterUnavailableError(f"adapter '{name}': {exc}") from exc
+        known = self._tags.get((name, path))
+        if known is not None and known[0] == stamp:
+            return known[1]
+        tag = await asyncio.to_thread(adapter_tag, name, path)
+        self._tags[(name, path)] = (stamp, tag)
+        return tag
 
     # --- loading and freeing ---------------------------------------------------------
 
@@ -209,6 +225,10 @@ class _Lease:
 
     def release(self, entry: Any) -> None:
         self.adapters.release(self.tag)
+
+
+def _stamp(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _file_bytes(path: Path) -> int:
