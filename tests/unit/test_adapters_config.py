@@ -90,3 +90,27 @@ def test_adapter_ids_resolve_to_the_base_and_a_change_is_hot(tmp_path: Path) -> 
     entries = registry.prepare([base], SchedulerConfig(), no_loading)
     registry.swap(entries, [base], SchedulerConfig())
     assert engines["smol"].adapters.configured[-1] == [] and registry.resolve("upper") is None
+
+
+def test_check_config_refuses_an_adapter_made_for_another_model(
+    tmp_path: Path, model_cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vllm_mlx.cli.main import main
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "lora" / "uppercase"
+    other = write_adapter(tmp_path / "tiny-llama", seed=1)  # a tiny llama's, not SmolLM2's
+    entry = {
+        "name": "smol",
+        "source": BUILTIN,
+        "adapters": [{"name": "upper", "path": str(fixture)}, {"name": "tiny", "path": str(other)}],
+    }
+    path = tmp_path / "vllm-mlx.yaml"
+    path.write_text(
+        yaml.safe_dump({"models": [entry], "paths": {"cache_dir": str(model_cache_dir)}})
+    )
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    line = line_of(path, "tiny-llama")
+    assert f"{path}:{line}:" in err and "models[0].adapters[1].path" in err
+    assert "was not made for 'builtin:smollm2-135m-instruct'" in err and "width" in err
+    assert "adapters[0]" not in err  # the real SmolLM2 adapter fits

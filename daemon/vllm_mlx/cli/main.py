@@ -21,7 +21,7 @@ from vllm_mlx.cli.serve_flags import (
     serve_overrides,
     with_embedding_model,
 )
-from vllm_mlx.config.errors import ConfigError
+from vllm_mlx.config.errors import ConfigError, format_key_path
 from vllm_mlx.config.file import CONFIG_ENV_VAR, LoadedConfig, load_config
 from vllm_mlx.config.sections import LoggingSettings
 from vllm_mlx.config.settings import Settings
@@ -135,8 +135,34 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             key = "memory.budget_mb" if memory.budget_mb is not None else "memory.budget_percent"
             print(f"error: {where}: {key}: {problem}", file=sys.stderr)
             return 1
+    if any(model.adapters for model in loaded.settings.models):
+        problems = adapter_problems(loaded)
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        if problems:
+            return 1
     print(f"ok: {where}", file=sys.stderr)
     return 0
+
+
+def adapter_problems(loaded: LoadedConfig) -> list[str]:
+    """Adapters that do not fit their base model's shape, each at its file:line."""
+    choose_blas(loaded.settings.engine.blas)  # a bundled GGUF may be imported to read it
+    from vllm_mlx.config.file import read_config_file
+    from vllm_mlx.models.adapter_fit import adapter_fit_problems
+
+    found = list(adapter_fit_problems(loaded.settings))
+    if not found:
+        return []
+    positions = read_config_file(loaded.path)[1] if loaded.path else None
+    out = []
+    for key, message in found:
+        mark = positions.locate(key) if positions is not None else None
+        where = str(loaded.path or "built-in defaults")
+        if mark is not None:
+            where += f":{mark[0]}:{mark[1]}"
+        out.append(f"{where}: {format_key_path(key)}: {message}")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
