@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import DaemonProcess, running
-from tests.e2e.ops_support import wait_for
+from tests.e2e.ops_support import status, wait_for
 from tests.unit.test_lora import write_adapter
 
 UPPERCASE = Path(__file__).resolve().parents[1] / "fixtures" / "lora" / "uppercase"
@@ -73,7 +73,9 @@ def test_adapters_are_listed_as_models(daemon: DaemonProcess, client: openai.Ope
     assert "smol:upper" in [m.id for m in listing.data]
 
 
-def test_an_adapter_answers_with_its_effect_beside_the_base(client: openai.OpenAI) -> None:
+def test_an_adapter_answers_with_its_effect_beside_the_base(
+    daemon: DaemonProcess, client: openai.OpenAI
+) -> None:
     base = ask(client, "smol")
     upper = ask(client, "upper")
     assert upper.strip() and upper == upper.upper() and upper != base
@@ -83,6 +85,10 @@ def test_an_adapter_answers_with_its_effect_beside_the_base(client: openai.OpenA
         jobs = [pool.submit(ask, client, model) for model in ("smol", "upper") * 2]
         answers = [job.result() for job in jobs]
     assert answers == [base, upper] * 2
+    (block,) = status(daemon)["models"]
+    shown = {a["name"]: a for a in block["adapters"]}
+    assert shown["upper"]["loaded"] and shown["upper"]["bytes"] > 0
+    assert not shown["other"]["loaded"] and shown["upper"]["in_flight"] == 0
 
 
 def test_an_adapter_that_does_not_fit_the_base_is_a_503(

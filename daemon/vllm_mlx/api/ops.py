@@ -101,6 +101,23 @@ def status(request: Request[Any, Any, Any]) -> dict[str, Any]:
 # --- /v1/status ------------------------------------------------------------------------
 
 
+def _adapters_block(engine: Any) -> list[dict[str, Any]]:
+    """Each configured LoRA adapter: loaded or not, its bytes and requests in flight."""
+    loaded = {a.name: a for a in engine.adapters.loaded() if a.tag.startswith(f"{a.name}@")}
+    out = []
+    for name in engine.adapters.names:
+        adapter = loaded.get(name)
+        out.append(
+            {
+                "name": name,
+                "loaded": adapter is not None,
+                "bytes": adapter.nbytes if adapter is not None else 0,
+                "in_flight": adapter.in_flight if adapter is not None else 0,
+            }
+        )
+    return out
+
+
 def _kv_block(entry: ModelEntry, tokens: int) -> dict[str, Any]:
     """The live KV cache's form and size (the budget's estimate: tokens x bytes each)."""
     kv = entry.settings.kv_cache
@@ -137,6 +154,7 @@ def _model_block(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
             "total_completion_tokens": stats.generated_tokens,
             "kv_cache_usage": round(scheduler.kv_tokens / capacity, 6) if capacity else 0.0,
             "kv_cache": _kv_block(entry, scheduler.kv_tokens),
+            "adapters": _adapters_block(engine),
         }
     else:
         embedder = entry.embedder
@@ -260,6 +278,8 @@ def live_sample(state: ServerState) -> tuple[list[ModelSample], MemorySample]:
                 kv_usage=scheduler.kv_tokens / capacity if capacity else 0.0,
                 kv_bytes=scheduler.kv_tokens * entry.kv_token_bytes,
                 kv_bits=entry.kv_bits,
+                adapter_bytes=engine.adapters.nbytes,
+                adapters_loaded=len(engine.adapters.loaded()),
             )
         elif entry.embedder is not None:
             sample = ModelSample(

@@ -25,6 +25,8 @@ class ModelSample:
     kv_usage: float = 0.0
     kv_bytes: int = 0
     kv_bits: int = 0
+    adapter_bytes: int = 0
+    adapters_loaded: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class LiveCollector(Collector):
             ("vllm_mlx_kv_cache_bits",
              "Bits per cached K/V value: kv_cache.bits, or the float width when unquantized.",
              lambda m: m.kv_bits),
+            ("vllm_mlx_adapters_loaded", "LoRA adapters of the model in memory.",
+             lambda m: m.adapters_loaded),
+            ("vllm_mlx_adapter_bytes", "Bytes the model's loaded LoRA adapters hold.",
+             lambda m: m.adapter_bytes),
         ]  # fmt: skip
         for name, doc, value in by_model:
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
