@@ -31,7 +31,6 @@ from vllm_mlx.models import lora
 from vllm_mlx.models.adapters import CONFIG, WEIGHTS, AdapterError, adapter_pairs
 
 if TYPE_CHECKING:
-    from vllm_mlx.engine.fleet.leases import LeaseList
     from vllm_mlx.engine.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
@@ -128,12 +127,15 @@ class EngineAdapters:
             self._drop_stale()
         return tag
 
-    def hold(self, tag: str, leases: LeaseList | None) -> None:
-        """Release `tag` when the request's response is over (or now, outside one)."""
+    def hold(self, tag: str, leases: list[Any] | None) -> None:
+        """Release `tag` when the request's response is over (or now, outside one).
+
+        `leases`: the request's lease list (fleet/leases.py's LeaseList), typed loosely
+        so this module, which the engine imports, does not reach back into the fleet."""
         if leases is None:
             self.release(tag)
         else:
-            leases.append((_Lease(self, tag), None))  # type: ignore[arg-type]
+            leases.append((_Lease(self, tag), None))
 
     def release(self, tag: str) -> None:
         adapter = self._loaded.get(tag)
