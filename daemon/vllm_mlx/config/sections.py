@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import field_validator, model_validator
 
 from vllm_mlx.config.fields import LocatedError, Reload, Section, setting
+from vllm_mlx.config.images import ImageFetchSettings
 
 # The prefix cache bound per model when none is set (measured in docs/benchmarks.md).
 DEFAULT_CACHE_MB = 512
@@ -268,6 +269,25 @@ class LimitsSettings(Section):
         Reload.HOT,
         "Most documents one rerank request (or text pairs one /score request) may carry; "
         "more gets 400.",
+        ge=1,
+    )
+    image_fetch: ImageFetchSettings = setting(
+        ImageFetchSettings(),
+        Reload.HOT,
+        "Fetching `http(s)://` image URLs: `allowed`, `max_bytes`, `timeout`, "
+        "`max_redirects`, `allow_private_addresses` (docs/vision.md).",
+    )
+    max_images_per_request: int = setting(
+        16,
+        Reload.HOT,
+        "Most images one request may carry (every message together); more gets 400.",
+        ge=1,
+    )
+    max_image_pixels: int = setting(
+        50_000_000,
+        Reload.HOT,
+        "Most pixels (width x height) one image may have, checked from its header before "
+        "it is decoded (decompression bombs); more gets 400.",
         ge=1,
     )
     max_prompt_chars: int = setting(
