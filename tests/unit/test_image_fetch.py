@@ -173,7 +173,7 @@ def test_a_redirect_to_a_private_address_is_refused(server: Server) -> None:
         refusal=loopback_is_public,
     )
     assert error.code == "image_url_forbidden"
-    assert "10.0.0.1, a private address" in error.message
+    assert "http://10.0.0.1/cat.png is not fetched: 10.0.0.1 is a private address" in error.message
     assert [path for path, _ in server.seen[before:]] == ["/to-private"]  # the first hop ran
 
 

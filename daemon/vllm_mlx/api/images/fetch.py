@@ -177,13 +177,7 @@ class _Hop:
         if not self.settings.allow_private_addresses:
             for address in found:  # any one: the connection could go to each of them
                 if (kind := self.refusal(address)) is not None:
-                    raise image_error(
-                        self.field,
-                        f"{shown_url(str(url))}: {url.host} resolves to {address}, a "
-                        f"{kind} address; such addresses are not fetched (set "
-                        "limits.image_fetch.allow_private_addresses to allow them)",
-                        IMAGE_URL_FORBIDDEN,
-                    )
+                    raise self.forbidden(url, address, kind)
         return found
 
     async def send(self, client: httpx.AsyncClient, url: httpx.URL) -> httpx.Response:
@@ -221,6 +215,15 @@ class _Hop:
         except httpx.HTTPError as exc:
             raise self.failed(str(url), f"the body broke off ({exc})") from None
         return bytes(data)
+
+    def forbidden(self, url: httpx.URL, address: IPAddress, kind: str) -> APIError:
+        named = url.host != str(address)
+        where = f"{url.host} resolves to {address}, a" if named else f"{url.host} is a"
+        detail = (
+            f"{shown_url(str(url))} is not fetched: {where} {kind} address (set "
+            "limits.image_fetch.allow_private_addresses to allow such addresses)"
+        )
+        return image_error(self.field, detail, IMAGE_URL_FORBIDDEN)
 
     def failed(self, url: str, detail: str) -> APIError:
         return image_error(
