@@ -66,6 +66,7 @@ def make_handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                 "/r3": lambda: self.redirect("/cat.png"),
                 "/to-private": lambda: self.redirect("http://10.0.0.1/cat.png"),
                 "/to-ftp": lambda: self.redirect("ftp://example.com/cat.png"),
+                "/to-broken": lambda: self.redirect("http://[::1"),
                 "/big": lambda: self.send(200, BIG),
                 "/big-unsized": self.unsized,
                 "/gzipped": lambda: self.send(200, PNG, {"Content-Encoding": "gzip"}),
@@ -163,6 +164,12 @@ def test_a_redirect_to_another_scheme_is_refused(server: Server) -> None:
     error = refused(server.url("/to-ftp"), settings())
     assert error.code == "image_url_forbidden"
     assert "ftp URL" in error.message
+
+
+def test_a_redirect_to_a_broken_url_fails(server: Server) -> None:
+    error = refused(server.url("/to-broken"), settings())
+    assert error.code == "image_fetch_failed"  # the server's fault, not the client's URL
+    assert "location" in error.message.lower()
 
 
 def test_a_redirect_to_a_private_address_is_refused(server: Server) -> None:

@@ -139,7 +139,7 @@ class _Hop:
             try:
                 if not response.is_redirect:
                     return await self.body(current, response)
-                current = self.parse(str(current.join(response.headers["location"])), current)
+                current = self.parse(response.headers["location"], current)
             finally:
                 await response.aclose()
         raise self.failed(
@@ -148,8 +148,9 @@ class _Hop:
         )
 
     def parse(self, url: str, redirected_from: httpx.URL | None = None) -> httpx.URL:
+        """`url`, or a redirect's Location read against the URL that sent it, checked."""
         try:
-            parsed = httpx.URL(url)
+            parsed = httpx.URL(url) if redirected_from is None else redirected_from.join(url)
         except httpx.InvalidURL as exc:
             raise image_error(self.field, f"not a valid URL ({exc})", INVALID_IMAGE_URL) from None
         if parsed.scheme not in ("http", "https"):
