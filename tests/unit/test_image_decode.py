@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from vllm_mlx.api.errors import APIError
@@ -278,3 +280,24 @@ def test_decoding_past_the_time_bound_is_refused(monkeypatch: pytest.MonkeyPatch
         release.set()
     assert error.code == "image_decode_timeout"
     assert "limits.prompt_timeout" in error.message
+
+
+@given(
+    fmt=st.sampled_from(["PNG", "JPEG", "GIF", "WEBP"]),
+    cut=st.integers(min_value=0, max_value=400),
+    flips=st.lists(st.tuples(st.integers(0, 399), st.integers(0, 255)), max_size=8),
+)
+@settings(max_examples=80, deadline=None)
+def test_damaged_files_are_a_400_or_an_image_never_a_crash(
+    fmt: str, cut: int, flips: list[tuple[int, int]]
+) -> None:
+    data = bytearray(encode(pattern(), fmt))
+    for at, value in flips:
+        data[at % len(data)] = value
+    try:
+        loaded = decode_image(bytes(data[: len(data) - cut]), FIELD, 10_000)
+    except APIError as error:
+        assert error.status == 400
+        assert error.code in ("invalid_image", "unsupported_image_format", "image_too_many_pixels")
+    else:
+        assert loaded.image.mode == "RGB"

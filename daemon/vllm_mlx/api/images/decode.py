@@ -11,7 +11,7 @@ import hashlib
 import io
 from dataclasses import dataclass
 
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps
 
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.images.errors import (
@@ -70,11 +70,10 @@ def decode_image(data: bytes, field: str, max_pixels: int) -> LoadedImage:
         raise _too_many_pixels(field, width, height, max_pixels)
     try:
         opened.load()  # the first frame: an animation is never advanced
-        upright = ImageOps.exif_transpose(opened)
+        rgb = _rgb(ImageOps.exif_transpose(opened))
     except Exception as exc:  # any decoder failure on untrusted bytes is the client's
         detail = f"the {opened.format or 'image'} data is truncated or corrupt ({exc})"
         raise image_error(field, detail, INVALID_IMAGE) from None
-    rgb = _rgb(upright)
     return LoadedImage(image=rgb, digest=pixel_digest(rgb), nbytes=len(data), field=field)
 
 
@@ -97,7 +96,7 @@ def _open(data: bytes, field: str, max_pixels: int) -> ImageFile.ImageFile:
             f"it has more pixels than limits.max_image_pixels ({max_pixels})",
             IMAGE_TOO_MANY_PIXELS,
         ) from None
-    except (UnidentifiedImageError, OSError, ValueError, EOFError):
+    except Exception:  # a parser's failure on untrusted bytes: the client's, never a 500
         raise _unopened(data, field) from None
 
 
