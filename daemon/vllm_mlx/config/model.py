@@ -99,6 +99,14 @@ class ModelSettings(Section):
         "`builtin:all-minilm-l6-v2`), see docs/embeddings.md; `rerank`: a relevance "
         "scorer served on /v1/rerank, /v2/rerank and /score, see docs/rerank.md.",
     )
+    vision: bool | None = setting(
+        None,
+        Reload.MODEL,
+        "Vision-language models (docs/vision.md): `null` detects one from its config.json "
+        "(a `vision_config`) and loads its image tower through mlx-vlm; `true` requires "
+        "one (a load error otherwise); `false` serves its text model alone. `task: vision` "
+        "is read as `task: generate` with `vision: true`.",
+    )
     rerank_method: Literal["cross_encoder", "llm", "embedding"] | None = setting(
         None,
         Reload.MODEL,
@@ -261,6 +269,23 @@ class ModelSettings(Section):
                 f"unknown reasoning_parser {value!r}; valid: {', '.join(reasoning_parser_names())}"
             )
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vision_task(cls, data: Any) -> Any:
+        # A VLM generates text: every generation setting applies to it.
+        if isinstance(data, dict) and data.get("task") == "vision":
+            return {**data, "task": "generate", "vision": data.get("vision", True)}
+        return data
+
+    @model_validator(mode="after")
+    def _vision_generates(self) -> ModelSettings:
+        if self.vision and self.task != "generate":
+            raise LocatedError(
+                f"vision applies to generation models; this one has task: {self.task}",
+                ("vision",),
+            )
+        return self
 
     @model_validator(mode="after")
     def _kv_cache_generates(self) -> ModelSettings:

@@ -35,6 +35,7 @@ class Engine:
             name=f"engine-{loaded.name}",
             lockstep=loaded.lockstep,
             disk=_disk_tier(loaded, config),
+            vision=loaded.vision,
         )
         # The Hugging Face tokenizer inside mlx-lm's wrapper; llguidance reads its table.
         hf_tokenizer = getattr(loaded.tokenizer, "_tokenizer", loaded.tokenizer)

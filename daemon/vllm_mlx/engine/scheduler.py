@@ -53,7 +53,9 @@ from vllm_mlx.engine.types import (
     SequenceFinished,
     TokensGenerated,
 )
+from vllm_mlx.engine.vision_stage import VisionStage
 from vllm_mlx.models.lora import adapter_refusal, routing
+from vllm_mlx.models.vision import VisionTower
 
 log = structlog.get_logger(__name__)
 
@@ -68,8 +70,11 @@ class Scheduler:
         vocab_size: int | None = None,
         lockstep: Lockstep | None = None,
         disk: Callable[[], DiskBlockStore] | None = None,
+        vision: VisionTower | None = None,
     ) -> None:
         self._model = model
+        # A vision-language model: image requests encode here before they prefill.
+        self.vision = VisionStage(vision) if vision is not None else None
         self.lockstep = lockstep
         if lockstep is not None:
             lockstep.bind(self.fail_in_flight)
@@ -137,7 +142,8 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return sum(1 for s in list(self._slots.values()) if s.phase == "queued")
+        encoding = len(self.vision.waiting) if self.vision is not None else 0
+        return encoding + sum(1 for s in list(self._slots.values()) if s.phase == "queued")
 
     # --- engine thread -------------------------------------------------------------
 
@@ -154,7 +160,7 @@ class Scheduler:
         self._generator = self._make_generator()
         sync = self.lockstep
         while True:
-            idle = not self._slots
+            idle = not self._slots and not (self.vision and self.vision.waiting)
             if idle:
                 release_free_memory()  # going idle: hand freed KV memory back to the OS
             if not self._take_commands(block=idle):
@@ -162,6 +168,8 @@ class Scheduler:
             try:
                 if sync is not None:  # every rank must see each change before the step
                     sync.exchange(step=bool(self._slots))
+                if self.vision is not None and (command := self.vision.take()):
+                    self._start(command)  # one image request's encode per step
                 if self._slots:
                     self._step()
             except Exception as exc:  # an mlx failure must not kill the thread
@@ -213,6 +221,10 @@ class Scheduler:
             return refused
         if request.max_tokens < 1 and request.prompt_logprobs is None:  # 0: score only
             return "max_tokens must be at least 1"
+        if request.vision is not None:
+            if self.vision is None:
+                return "this model does not accept images"
+            return self.vision.refusal(request, self.vocab_size)
         tokens = request.prompt_tokens
         if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
             return f"the prompt has token ids outside the vocabulary (0 to {self.vocab_size - 1})"
@@ -229,6 +241,14 @@ class Scheduler:
             # The group is moving to a new model: an abort is the API's 503.
             command.sink(SequenceFinished(FinishReason.ABORT, self.lockstep.closed))
             return
+        if request.vision is not None and self.vision is not None:
+            self.vision.defer(command)  # encoded and started between steps (_run)
+            return
+        self._start(command)
+
+    def _start(self, command: AddCommand) -> None:
+        request = command.request
+        assert self._generator is not None
         fault = Fault()
         try:
             if self.lockstep is not None:  # before its prefill: other ranks join that too
@@ -237,8 +257,12 @@ class Scheduler:
                 keyed = keyed_cache(self.prefix_cache, request.adapter)
                 hit, scores = keyed.lookup(request.prompt_tokens), None
                 reused = hit.cached
+                if request.vision is not None and self.vision is not None:
+                    self.vision.encode(request, hit.cached)
             else:  # n sequences from one prefill, or a prompt to score
                 keyed = keyed_cache(self.prefix_cache, request.adapter)
+                if request.vision is not None and self.vision is not None:
+                    self.vision.encode(request, 0)
                 with routing(self._model, request.adapter):  # its prefill runs the adapter
                     hit, reused, scores = shared_prefill(self._model, keyed, request)
             if request.max_tokens == 0:  # scored, nothing to generate
@@ -246,6 +270,9 @@ class Scheduler:
                 command.sink(SequenceFinished(FinishReason.LENGTH))
                 return
             processors = self.slot_processors(request, fault)
+            raw = next((p for p in processors if isinstance(p, RawCapture)), None)
+            if request.vision is not None and self.vision is not None:
+                processors = self.vision.processors(processors, self.vocab_size)
             layers = hit.cache if hit.cache is not None else make_prompt_cache(self._model)
             (uid,) = self._generator.insert(
                 [hit.rest],
@@ -258,17 +285,23 @@ class Scheduler:
                 logits_processors=[processors],
             )
         except Exception as exc:
+            if self.vision is not None:
+                self.vision.release(request.request_id)
             command.sink(SequenceFinished(FinishReason.ERROR, f"cannot schedule: {exc}"))
             return
         slot = Slot(request, command.sink, uid, prompt_done=hit.cached, fault=fault)
         slot.cached_tokens = reused
         slot.prompt_logprobs = scores
-        slot.raw = next((p for p in processors if isinstance(p, RawCapture)), None)
+        slot.raw = raw
         self._slots[uid] = slot
         self._by_request[request.request_id] = slot
 
     def _abort(self, command: AbortCommand) -> None:
         slot = self._by_request.get(command.request_id)
+        waiting = self.vision.withdraw(command.request_id) if self.vision else None
+        if waiting is not None:  # not encoded yet
+            waiting.sink(SequenceFinished(command.reason, command.message))
+            return
         if slot is None:
             return  # already finished
         self._remove(slot)
@@ -296,6 +329,8 @@ class Scheduler:
     def _finish(self, slot: Slot, event: SequenceFinished) -> None:
         self._flush(slot)
         self._post(slot, event)
+        if self.vision is not None:
+            self.vision.release(slot.request.request_id)
         self._slots.pop(slot.uid, None)
         self._by_request.pop(slot.request.request_id, None)
         self.stats.requests_finished += 1
@@ -319,6 +354,8 @@ class Scheduler:
             slot.prompt_done = max(slot.prompt_done, done)
             if response.end_of_prompt:
                 slot.phase = "generation"
+                if self.vision is not None:  # its features are in the KV cache now
+                    self.vision.release(slot.request.request_id)
                 self.stats.prompt_tokens += len(slot.request.prompt_tokens)
                 processed = PromptProcessed(
                     now,
@@ -393,6 +430,10 @@ class Scheduler:
     def _fail_all(self, message: str, reason: FinishReason = FinishReason.ERROR) -> None:
         for slot in list(self._slots.values()):
             self._finish(slot, SequenceFinished(reason, message))
+        while self.vision is not None and (command := self.vision.take()):
+            command.sink(SequenceFinished(reason, message))
+        if self.vision is not None:
+            self.vision.clear()
         if reason is FinishReason.ERROR:
             # Start from a clean generator: the failed step may have left it inconsistent.
             self._generator = self._make_generator()

@@ -11,7 +11,10 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from vllm_mlx.models.vision import ImageTiles
 
 # Seeds the engine takes: any 64-bit integer, signed or unsigned (folded into uint64).
 SEED_MIN = -(2**63)
@@ -127,6 +130,8 @@ class GenerationRequest:
     shared: SharedPrefill | None = None
     # The LoRA adapter's tag (engine/adapters.py) this request runs under; None: the base.
     adapter: str | None = None
+    # A prompt with images: its tiles, whose placeholder ids the prompt tokens hold.
+    vision: ImageTiles | None = None
 
 
 # Events the engine thread posts to a request's queue (token ids, not text: the

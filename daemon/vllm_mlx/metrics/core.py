@@ -176,6 +176,13 @@ class Metrics:
         self.rerank_documents = c(
             "vllm_mlx_rerank_documents", "Documents (score: text pairs) scored by rerankers."
         )
+        self.images = c("vllm_mlx_images", "Images received in generation requests.")
+        self.image_bytes = c("vllm_mlx_image_bytes", "Encoded bytes of the images received.")
+        self.vision_encode = h(
+            "vllm_mlx_vision_encode_seconds",
+            "Time the vision tower took to encode one request's image tiles.",
+            HTTP_LATENCY_BUCKETS,
+        )
 
     def _define_server_metrics(self) -> None:
         c = self._counter
@@ -274,6 +281,19 @@ class Metrics:
     def request(self, model: str, prompt_tokens: int) -> RequestMetrics:
         self.add_model(model)
         return RequestMetrics(self, model, prompt_tokens)
+
+    def images_received(self, model: str, count: int, nbytes: int) -> None:
+        self.images.labels(model).inc(count)
+        self.image_bytes.labels(model).inc(nbytes)
+
+    def vision_hook(self, model: str) -> Callable[[float, int], None]:
+        """The engine thread's callback after each vision encode (seconds, tiles)."""
+        child = self.vision_encode.labels(model)
+
+        def on_encode(seconds: float, _tiles: int) -> None:
+            child.observe(seconds)
+
+        return on_encode
 
     def rerank_request(self, model: str, documents: int) -> None:
         self.rerank_requests.labels(model).inc()

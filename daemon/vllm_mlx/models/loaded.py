@@ -23,6 +23,8 @@ class LoadedModel:
     lockstep: Any = None
     # Bytes per cached K/V value, measured before the engine starts (None: not measured).
     kv_itemsize: int | None = None
+    # A vision-language model's image tower and processor (models/vision.VisionTower).
+    vision: Any = None
 
 
 class Embedder(Protocol):

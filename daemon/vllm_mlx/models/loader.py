@@ -15,6 +15,7 @@ from vllm_mlx.config.sections import EngineSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
+from vllm_mlx.models.vision import vision_config_of
 
 if TYPE_CHECKING:
     from vllm_mlx.models.dtype import DtypeDecision
@@ -118,10 +119,22 @@ def load_reranker(
 def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
     started = time.monotonic()
     model_dir = resolve_model_dir(model, cache_dir)
-    from mlx_lm.utils import load
+    is_vlm = vision_config_of(model_dir) is not None
+    if model.vision and not is_vlm:
+        raise ValueError(f"{model_dir} is not a vision-language model (no vision_config)")
+    tower = None
+    if is_vlm:  # the text model from mlx-vlm's weights; `vision: false` drops the tower
+        weights, tokenizer, tower = _load_vlm(model_dir)
+        tower = None if model.vision is False else tower
+    else:
+        from mlx_lm.utils import load
 
-    weights, tokenizer = load(str(model_dir))[:2]
+        weights, tokenizer = load(str(model_dir))[:2]
     weights, decision, blas_name = _apply_dtype(weights, model)
+    if tower is not None:
+        from vllm_mlx.models.vision_model import install_placeholder_embedding
+
+        install_placeholder_embedding(weights, tower)
     elapsed = time.monotonic() - started
     log.info(
         "model loaded",
@@ -140,7 +153,27 @@ def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
         context_length=context_length_of(model_dir, model.context_length),
         directory=str(model_dir),
         load_seconds=elapsed,
+        vision=tower,
     )
+
+
+def _load_vlm(model_dir: Path) -> tuple[Any, Any, Any]:
+    """(text model, mlx-lm tokenizer, tower) of a vision-language model directory."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from vllm_mlx.models.vision_model import load_vision_model
+
+    config = json.loads((model_dir / "config.json").read_text())
+    text_model, tower = load_vision_model(model_dir, config)
+    eos = config.get("eos_token_id") or config.get("text_config", {}).get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    eos_ids += list(getattr(tower.processor, "additional_eos_token_ids", None) or [])
+    tokenizer = load_tokenizer(model_dir, eos_token_ids=eos_ids)
+    template = getattr(tower.processor, "chat_template", None)
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    if template and not getattr(hf, "chat_template", None):
+        hf.chat_template = template  # VLM repos keep it in chat_template.json
+    return text_model, tokenizer, tower
 
 
 def _apply_dtype(weights: Any, model: ModelSettings) -> tuple[Any, DtypeDecision, str]:

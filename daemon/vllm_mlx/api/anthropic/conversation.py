@@ -27,9 +27,13 @@ from vllm_mlx.api.anthropic.schema import (
     ToolUseBlock,
 )
 from vllm_mlx.api.errors import APIError, bad_request
+from vllm_mlx.api.pipeline.vision import ImageParts, content
 
 
-def conversation(messages: list[InputMessage]) -> list[dict[str, Any]]:
+def conversation(
+    messages: list[InputMessage], images: ImageParts | None = None
+) -> list[dict[str, Any]]:
+    """`images`: where a vision model's request collects its images (None: refused)."""
     out: list[dict[str, Any]] = []
     open_calls: dict[str, str] = {}  # tool_use id -> name, from the previous assistant turn
     for index, message in enumerate(messages):
@@ -39,7 +43,7 @@ def conversation(messages: list[InputMessage]) -> list[dict[str, Any]]:
             items, open_calls = _assistant_messages(message, index)
             out.extend(items)
         else:
-            out.extend(_user_messages(message, index, open_calls))
+            out.extend(_user_messages(message, index, open_calls, images))
             open_calls = {}
     return out
 
@@ -65,6 +69,30 @@ def _unsupported(block: ImageBlock | DocumentBlock, where: str) -> APIError:
     what = "images" if isinstance(block, ImageBlock) else "documents"
     # Anthropic errors have no param field: the location goes into the message.
     return bad_request(f"{where}: model does not accept {what}", where, "unsupported_content")
+
+
+def _image(block: ImageBlock, where: str, images: ImageParts | None) -> dict[str, Any]:
+    """An image block's content part: its `base64` or `url` source, read as a URL."""
+    if images is None or images.tower is None:
+        raise _unsupported(block, where)
+    source = block.source or {}
+    kind = source.get("type")
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not isinstance(data, str):
+            raise bad_request(
+                f"{where}.source: a base64 source needs media_type and data strings",
+                f"{where}.source",
+                "invalid_image",
+            )
+        return images.part(f"data:{media};base64,{data}", f"{where}.source.data")
+    if kind == "url":
+        return images.part(source.get("url") or "", f"{where}.source.url")
+    raise bad_request(
+        f"{where}.source: image sources are `base64` or `url`, not {kind!r}",
+        f"{where}.source.type",
+        "invalid_image",
+    )
 
 
 @dataclass
@@ -132,15 +160,21 @@ def _assistant_messages(
 
 
 def _user_messages(
-    message: InputMessage, index: int, open_calls: Mapping[str, str]
+    message: InputMessage,
+    index: int,
+    open_calls: Mapping[str, str],
+    images: ImageParts | None = None,
 ) -> list[dict[str, Any]]:
-    """Tool results become ``tool`` messages, followed by the user's own text, if any."""
+    """Tool results become ``tool`` messages, followed by the user's own text and
+    images, if any."""
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    texts: list[str | dict[str, Any]] = []
     for position, block in enumerate(message.content):
         where = f"messages[{index}].content[{position}]"
         if isinstance(block, TextBlock):
             texts.append(block.text)
+        elif isinstance(block, ImageBlock):
+            texts.append(_image(block, where, images))
         elif isinstance(block, ToolResultBlock):
             if block.tool_use_id not in open_calls:
                 raise bad_request(
@@ -148,30 +182,35 @@ def _user_messages(
                     "the previous assistant message has no tool_use block with that id",
                     f"{where}.tool_use_id",
                 )
-            out.append(_tool_message(block, where, open_calls))
-        elif isinstance(block, ImageBlock | DocumentBlock):
+            out.append(_tool_message(block, where, open_calls, images))
+        elif isinstance(block, DocumentBlock):
             raise _unsupported(block, where)
         else:
             raise bad_request(f"{where}: {block.type} blocks belong in assistant messages", where)
     if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+        out.append({"role": "user", "content": content(texts, "\n")})
     return out
 
 
 def _tool_message(
-    block: ToolResultBlock | McpToolResultBlock, where: str, names: Mapping[str, str]
+    block: ToolResultBlock | McpToolResultBlock,
+    where: str,
+    names: Mapping[str, str],
+    images: ImageParts | None = None,
 ) -> dict[str, Any]:
-    parts: list[str] = []
+    parts: list[str | dict[str, Any]] = []
     for position, part in enumerate(block.content):
-        if isinstance(part, ImageBlock):
-            raise _unsupported(part, f"{where}.content[{position}]")
-        parts.append(part.text)
-    text = "\n".join(parts)
+        if isinstance(part, ImageBlock):  # a screenshot tool's result, say
+            parts.append(_image(part, f"{where}.content[{position}]", images))
+        else:
+            parts.append(part.text)
     if block.is_error:
-        text = f"Error: {text}"
+        first = parts[0] if parts else None
+        parts[:1] = [f"Error: {first}"] if isinstance(first, str) else ["Error: ", *parts[:1]]
+    joined = content(parts, "\n")
     return {
         "role": "tool",
         "tool_call_id": block.tool_use_id,
         "name": names[block.tool_use_id],
-        "content": text,
+        "content": joined,
     }

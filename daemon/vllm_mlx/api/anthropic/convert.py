@@ -23,6 +23,8 @@ from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.pipeline.canonical import canonical_system
 from vllm_mlx.api.pipeline.chat_template import render_chat
 from vllm_mlx.api.pipeline.structured import ForcedTools
+from vllm_mlx.api.pipeline.turn import Prompt, Turn
+from vllm_mlx.api.pipeline.vision import ImageParts, chat_prompt
 from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import Finished, FinishReason, Usage
 from vllm_mlx.parsers.types import ToolSpec
@@ -42,11 +44,14 @@ class ChatPrompt:
     max_tool_calls: int | None = None  # 1 with disable_parallel_tool_use
 
 
-def build_prompt(request: PromptFields, volatile: Sequence[str] = ()) -> ChatPrompt:
-    """`volatile`: engine.prompt_canonicalization, the system lines left out."""
+def build_prompt(
+    request: PromptFields, volatile: Sequence[str] = (), images: ImageParts | None = None
+) -> ChatPrompt:
+    """`volatile`: engine.prompt_canonicalization, the system lines left out; `images`:
+    where a vision model's request collects its images."""
     offered = offered_tools(request)
     choice = request.tool_choice
-    messages = conversation(request.messages)
+    messages = conversation(request.messages, images)
     continue_final = is_prefill(messages)
     system_text = _system_text(request, volatile)
     system = "\n\n".join(
@@ -65,6 +70,18 @@ def build_prompt(request: PromptFields, volatile: Sequence[str] = ()) -> ChatPro
         continue_final=continue_final,
         tool_specs=[ToolSpec(tool.name, tool.input_schema) for tool in offered],
         max_tool_calls=1 if choice and choice.disable_parallel_tool_use else None,
+    )
+
+
+async def turn_prompt(turn: Turn, images: ImageParts, prompt: ChatPrompt) -> Prompt:
+    """The request's prompt, its images' tiles included (api/pipeline/vision.py)."""
+    return await chat_prompt(
+        turn,
+        images,
+        prompt.messages,
+        prompt.tools,
+        prompt.template_kwargs,
+        continue_final_message=prompt.continue_final,
     )
 
 

@@ -14,6 +14,7 @@ from vllm_mlx.api.pipeline import structured
 from vllm_mlx.api.pipeline.driver import Run, limit_calls, parsed
 from vllm_mlx.api.pipeline.ids import new_id
 from vllm_mlx.api.pipeline.turn import RequestPlan, Turn
+from vllm_mlx.api.pipeline.vision import ImageParts
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,10 @@ class MessageGeneration:
 
 
 async def message_generation(turn: Turn, body: MessagesRequest) -> MessageGeneration:
-    prompt_fields = convert.build_prompt(body, turn.settings.engine.prompt_canonicalization)
-    prompt = await turn.prompt(convert.prompt_tokens, turn.tokenizer, prompt_fields)
+    images = ImageParts.of(turn)
+    volatile = turn.settings.engine.prompt_canonicalization
+    prompt_fields = convert.build_prompt(body, volatile, images)
+    prompt = await convert.turn_prompt(turn, images, prompt_fields)
     sampling = turn.sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
     max_tokens = turn.allowed_tokens(prompt, body.max_tokens)
     # The output's constraint; forced tool use gets its own call reader.

@@ -19,6 +19,7 @@ from vllm_mlx.api.edge.body import parse_body
 from vllm_mlx.api.error_shapes import anthropic_error_response
 from vllm_mlx.api.pipeline import driver
 from vllm_mlx.api.pipeline.turn import resolve_turn
+from vllm_mlx.api.pipeline.vision import ImageParts
 from vllm_mlx.api.sse import SSE_HEADERS
 from vllm_mlx.api.state import server_state
 
@@ -48,9 +49,10 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     state = server_state(request)
     turn = await resolve_turn(request, body.model, ROUTE)
     body, _ = mcp_loop.attach(state.mcp, turn, body)
-    prompt = convert.build_prompt(body, turn.settings.engine.prompt_canonicalization)
-    tokens = await turn.off_loop(convert.prompt_tokens, turn.tokenizer, prompt)
-    return {"input_tokens": len(tokens)}
+    images = ImageParts.of(turn)
+    prompt = convert.build_prompt(body, turn.settings.engine.prompt_canonicalization, images)
+    counted = await convert.turn_prompt(turn, images, prompt)
+    return {"input_tokens": len(counted.tokens)}
 
 
 def make_anthropic_router() -> Router:

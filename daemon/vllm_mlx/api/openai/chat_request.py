@@ -16,6 +16,7 @@ from vllm_mlx.api.pipeline.driver import Run, limit_calls, parsed
 from vllm_mlx.api.pipeline.observe import run
 from vllm_mlx.api.pipeline.structured import ForcedTools
 from vllm_mlx.api.pipeline.turn import Prompt, RequestPlan, Turn
+from vllm_mlx.api.pipeline.vision import ImageParts, chat_prompt
 from vllm_mlx.engine.types import GenerationRequest
 from vllm_mlx.parsers.types import ToolSpec
 
@@ -49,7 +50,9 @@ async def chat_generation(
 ) -> ChatGeneration:
     kwargs = convert.template_kwargs(body, turn.settings.server.allow_client_chat_templates)
     volatile = turn.settings.engine.prompt_canonicalization
-    prompt = await turn.prompt(convert.chat_prompt_tokens, turn.tokenizer, body, kwargs, volatile)
+    images = ImageParts.of(turn)
+    messages = await turn.off_loop(convert.template_messages, body, volatile, images)
+    prompt = await chat_prompt(turn, images, messages, convert.template_tools(body), kwargs)
     sampling = convert.sampling_from(turn, body)
     max_tokens = turn.allowed_tokens(prompt, body.wanted_max_tokens())
     # Every choice shares the constraint; each gets its own matcher.

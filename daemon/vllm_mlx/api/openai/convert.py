@@ -21,36 +21,43 @@ from vllm_mlx.api.pipeline.canonical import canonical_system
 from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
 from vllm_mlx.api.pipeline.structured import ForcedTools
 from vllm_mlx.api.pipeline.turn import Turn
+from vllm_mlx.api.pipeline.vision import UNSUPPORTED, ImageParts, content
 from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.types import FinishReason, SamplingParams, Usage
 from vllm_mlx.parsers.types import ToolCall, ToolSpec
 
 
-def _message_text(message: ChatMessage, index: int) -> str | None:
+def _message_content(
+    message: ChatMessage, index: int, images: ImageParts | None
+) -> str | list[dict[str, Any]] | None:
+    """Text, or text and images in order (`images` None: a text model's request)."""
     if message.content is None or isinstance(message.content, str):
         return message.content
-    parts = []
-    for part in message.content:
+    items: list[str | dict[str, Any]] = []
+    for position, part in enumerate(message.content):
         if isinstance(part, ImagePart):
-            raise bad_request(
-                "model does not accept images", f"messages[{index}].content", "unsupported_content"
-            )
-        parts.append(part.text)
-    return "".join(parts)
+            where = f"messages[{index}].content[{position}]"
+            if images is None:
+                raise bad_request("model does not accept images", where, UNSUPPORTED)
+            items.append(images.part(*part.source(where)))
+        else:
+            items.append(part.text)
+    return content(items)
 
 
 def template_messages(
-    request: ChatCompletionRequest, volatile: Sequence[str] = ()
+    request: ChatCompletionRequest, volatile: Sequence[str] = (), images: ImageParts | None = None
 ) -> list[dict[str, Any]]:
     """Messages as chat templates expect them (HF conventions, tool calls as objects);
-    `volatile` (engine.prompt_canonicalization): the system lines left out."""
+    `volatile` (engine.prompt_canonicalization): the system lines left out; `images`:
+    where a vision model's request collects its images."""
     out: list[dict[str, Any]] = []
     for index, message in enumerate(request.messages):
         role = "system" if message.role == "developer" else message.role
-        content = _message_text(message, index) or ""
-        if role == "system":
-            content = canonical_system(content, volatile)
-        item: dict[str, Any] = {"role": role, "content": content}
+        body = _message_content(message, index, images) or ""
+        if role == "system" and isinstance(body, str):
+            body = canonical_system(body, volatile)
+        item: dict[str, Any] = {"role": role, "content": body}
         if message.name:
             item["name"] = message.name
         if message.tool_calls:

@@ -26,8 +26,27 @@ class TextPart(_Request):
     text: str
 
 
+class ImageURL(_Request):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; tiles are the model's
+
+
 class ImagePart(_Request):
+    """`image_url` (OpenAI), and the `input_image` / `image` spellings other clients send
+    (`image_url` or `image` as the URL string)."""
+
     type: Literal["image_url", "input_image", "image"]
+    image_url: ImageURL | str | None = None
+    image: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+    def source(self, where: str) -> tuple[str, str]:
+        """(the URL, its field path) of this part; `where` is the part's own path."""
+        if isinstance(self.image_url, ImageURL):
+            return self.image_url.url, f"{where}.image_url.url"
+        if self.image_url is not None:
+            return self.image_url, f"{where}.image_url"
+        return self.image or "", f"{where}.image"
 
 
 class ToolCallFunction(_Request):

@@ -22,23 +22,46 @@ def render_chat(
     continue_final_message: bool = False,
 ) -> list[int]:
     """Prompt token ids for a chat; template errors become a 400."""
+    tokens = _apply(tokenizer, messages, tools, template_kwargs, continue_final_message, True)
+    return as_token_list(tokens)
+
+
+def render_chat_text(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    continue_final_message: bool = False,
+) -> str:
+    """The chat as text (a VLM's processor expands its images before tokenising)."""
+    text = _apply(tokenizer, messages, tools, template_kwargs, continue_final_message, False)
+    return str(text)
+
+
+def _apply(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    template_kwargs: Mapping[str, Any] | None,
+    continue_final_message: bool,
+    tokenize: bool,
+) -> Any:
     kwargs = dict(template_kwargs or {})
     if continue_final_message:
         # Prefill: the reply continues the last (assistant) message instead of a new turn.
         kwargs["continue_final_message"] = True
     try:
-        tokens = tokenizer.apply_chat_template(
+        return tokenizer.apply_chat_template(
             list(messages),
             tools=list(tools) if tools else None,
             add_generation_prompt=not continue_final_message,
-            tokenize=True,
+            tokenize=tokenize,
             **kwargs,
         )
     except APIError:
         raise
     except Exception as exc:  # template errors (jinja raise_exception, bad roles)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
-    return as_token_list(tokens)
 
 
 def as_token_list(tokens: Any) -> list[int]:

@@ -24,6 +24,7 @@ from vllm_mlx.config.settings import Settings
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.types import GenerationRequest, SamplingParams, SharedPrefill, TokenConstraint
 from vllm_mlx.metrics.core import Metrics
+from vllm_mlx.models.vision import ImageTiles
 from vllm_mlx.parsers.reasoning import get_reasoning_parser
 from vllm_mlx.telemetry import hooks as tracing
 
@@ -138,6 +139,7 @@ class Turn:
             prompt_logprobs=plan.prompt_logprobs,
             shared=plan.shared,
             adapter=self.adapter,
+            vision=prompt.vision,
         )
 
 
@@ -147,6 +149,8 @@ class Prompt:
 
     tokens: list[int]
     opens_reasoning: bool = False  # the template left the reasoning block open
+    # Its images' tiles (api/pipeline/vision.py); the tokens hold their placeholders.
+    vision: ImageTiles | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,8 @@ async def resolve_turn(request: Request[Any, Any, Any], model_id: str, route: st
     if scheduler.on_step is None:
         # Steps only happen for submitted requests, so hooking here misses none.
         scheduler.on_step = state.metrics.step_hook(name)
+        if scheduler.vision is not None:
+            scheduler.vision.on_encode = state.metrics.vision_hook(name)
     model = next((m for m in settings.models if m.name == name), None)
     adapter = await acquire_adapter(state, entry, model_id)
     return Turn(model_id, name, entry.engine, settings, model, state.metrics, route, adapter)

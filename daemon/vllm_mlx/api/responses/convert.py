@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from vllm_mlx.api.errors import APIError, bad_request, from_validation_error
 from vllm_mlx.api.pipeline.canonical import canonical_system
 from vllm_mlx.api.pipeline.ids import new_id
+from vllm_mlx.api.pipeline.vision import ImageParts, content
 from vllm_mlx.api.responses.schema import (
     ITEM_MODELS,
     CreateResponseRequest,
@@ -39,6 +40,7 @@ ID_PREFIXES = {
     "reasoning": "rs",
 }
 UNSUPPORTED_PARTS = {"input_image": "images", "input_file": "files", "input_audio": "audio"}
+ImageSink = ImageParts | None  # where a vision model's request collects its images
 
 
 def validated(model: type[BaseModelT], data: Any, where: str) -> BaseModelT:
@@ -58,8 +60,9 @@ def validated(model: type[BaseModelT], data: Any, where: str) -> BaseModelT:
 # --- input items ---------------------------------------------------------------------
 
 
-def input_items(body: CreateResponseRequest) -> list[dict[str, Any]]:
-    """The request's input as checked items in wire form, each with an id (for storage)."""
+def input_items(body: CreateResponseRequest, images: bool = False) -> list[dict[str, Any]]:
+    """The request's input as checked items in wire form, each with an id (for storage);
+    `images`: the model accepts `input_image` parts."""
     if body.input is None or len(body.input) == 0:
         if body.previous_response_id is None:
             raise bad_request("'input' is required and must not be empty", "input")
@@ -67,10 +70,12 @@ def input_items(body: CreateResponseRequest) -> list[dict[str, Any]]:
     if isinstance(body.input, str):
         item = MessageItem(role="user", content=body.input)
         return [_normalized(item)]
-    return [_normalized(_item(raw, f"input[{index}]")) for index, raw in enumerate(body.input)]
+    return [
+        _normalized(_item(raw, f"input[{index}]", images)) for index, raw in enumerate(body.input)
+    ]
 
 
-def _item(raw: dict[str, Any], where: str) -> Any:
+def _item(raw: dict[str, Any], where: str, images: bool) -> Any:
     kind = raw.get("type", "message" if "role" in raw else None)
     if kind == "item_reference":
         raise bad_request(
@@ -87,16 +92,19 @@ def _item(raw: dict[str, Any], where: str) -> Any:
     item = validated(model, raw, where)
     if isinstance(item, MessageItem) and isinstance(item.content, list):
         for position, part in enumerate(item.content):
-            _part(part, item.role, f"{where}.content[{position}]")
+            _part(part, item.role, f"{where}.content[{position}]", images)
     if isinstance(item, FunctionCallOutputItem) and isinstance(item.output, list):
         for position, part in enumerate(item.output):
-            _part(part, "user", f"{where}.output[{position}]")
+            _part(part, "user", f"{where}.output[{position}]", images)
     return item
 
 
-def _part(part: dict[str, Any], role: str, where: str) -> str:
-    """The text of one content part; anything but text (or an assistant refusal) is a 400."""
+def _part(part: dict[str, Any], role: str, where: str, images: bool) -> str:
+    """The text of one content part; anything but text (an assistant refusal, a vision
+    model's user image) is a 400."""
     kind = part.get("type")
+    if kind == "input_image" and images and role != "assistant":
+        return _image_url(part, where)
     if kind in UNSUPPORTED_PARTS:
         raise bad_request(
             f"{where}: model does not accept {UNSUPPORTED_PARTS[kind]}",
@@ -112,6 +120,20 @@ def _part(part: dict[str, Any], role: str, where: str) -> str:
             f"{where}.type",
         )
     return validated(TextPart, part, where).text
+
+
+def _image_url(part: dict[str, Any], where: str) -> str:
+    if part.get("file_id") is not None and part.get("image_url") is None:
+        raise bad_request(
+            f"{where}: file_id images need a files API, which this server does not have; "
+            "send the image as image_url (a data: URL or an http(s) URL)",
+            f"{where}.file_id",
+            "unsupported_content",
+        )
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise bad_request(f"{where}: input_image needs an image_url", f"{where}.image_url")
+    return url
 
 
 def _normalized(item: Any) -> dict[str, Any]:
@@ -130,6 +152,9 @@ def _normalized(item: Any) -> dict[str, Any]:
 
 
 def _stored_part(part: dict[str, Any], role: str) -> dict[str, Any]:
+    if part.get("type") == "input_image":
+        detail = part.get("detail") or "auto"
+        return {"type": "input_image", "image_url": part["image_url"], "detail": detail}
     if role != "assistant":
         return {"type": "input_text", "text": part["text"]}
     if part["type"] == "refusal":
@@ -163,13 +188,14 @@ def chat_messages(
     instructions: str | None,
     first_new: int,
     volatile: Sequence[str] = (),
+    images: ImageSink = None,
 ) -> list[dict[str, Any]]:
     """Template messages for the stored history plus the new items (from `first_new` on);
     `volatile` (engine.prompt_canonicalization): the system lines left out."""
     conversation = _Conversation(system=[instructions] if instructions else [])
     for index, item in enumerate(items):
         where = f"input[{index - first_new}]" if index >= first_new else "previous_response"
-        _add(conversation, item, where)
+        _add(conversation, item, where, images)
     messages = conversation.messages
     system = "\n\n".join(text for text in conversation.system if text)
     system = canonical_system(system, volatile)
@@ -178,14 +204,33 @@ def chat_messages(
     return messages
 
 
-def _add(conversation: _Conversation, item: dict[str, Any], where: str) -> None:
+def _parts(
+    parts: list[dict[str, Any]], where: str, images: ImageSink
+) -> list[str | dict[str, Any]]:
+    """Texts, and images as their content parts (`images` None: a text model's history)."""
+    out: list[str | dict[str, Any]] = []
+    for position, part in enumerate(parts):
+        if part.get("type") != "input_image":
+            out.append(part.get("text", part.get("refusal", "")))
+        elif images is None:
+            field = f"{where}.content[{position}].type"
+            raise bad_request(
+                f"{where}: model does not accept images", field, "unsupported_content"
+            )
+        else:
+            out.append(images.part(part["image_url"], f"{where}.content[{position}].image_url"))
+    return out
+
+
+def _add(conversation: _Conversation, item: dict[str, Any], where: str, images: ImageSink) -> None:
     kind = item["type"]
     if kind == "message":
-        text = "".join(part.get("text", part.get("refusal", "")) for part in item["content"])
+        parts = _parts(item["content"], where, images)
+        text = "".join(p for p in parts if isinstance(p, str))
         if item["role"] in ("system", "developer"):
             conversation.system.append(text)
         elif item["role"] == "user":
-            conversation.messages.append({"role": "user", "content": text})
+            conversation.messages.append({"role": "user", "content": content(parts)})
         else:
             conversation.assistant(join=False)["content"] = text
     elif kind == "function_call":
@@ -198,13 +243,15 @@ def _add(conversation: _Conversation, item: dict[str, Any], where: str) -> None:
         conversation.assistant(join=True).setdefault("tool_calls", []).append(call)
         conversation.calls[item["call_id"]] = name
     elif kind == "function_call_output":
-        conversation.messages.append(_tool_message(conversation, item, where))
+        conversation.messages.append(_tool_message(conversation, item, where, images))
     else:  # reasoning: summaries, or the full text where a client sent it back
         texts = item.get("content") or item.get("summary") or []
         conversation.reasoning.append("".join(part["text"] for part in texts))
 
 
-def _tool_message(conversation: _Conversation, item: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_message(
+    conversation: _Conversation, item: dict[str, Any], where: str, images: ImageSink
+) -> dict[str, Any]:
     call_id = item["call_id"]
     if call_id not in conversation.calls:
         raise bad_request(
@@ -213,12 +260,12 @@ def _tool_message(conversation: _Conversation, item: dict[str, Any], where: str)
             f"{where}.call_id",
         )
     output = item["output"]
-    text = output if isinstance(output, str) else "".join(p["text"] for p in output)
+    body = output if isinstance(output, str) else content(_parts(output, where, images))
     return {
         "role": "tool",
         "tool_call_id": call_id,
         "name": conversation.calls[call_id],
-        "content": text,
+        "content": body,
     }
 
 

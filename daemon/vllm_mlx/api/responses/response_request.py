@@ -11,10 +11,11 @@ from typing import Any
 from litestar import Request
 
 from vllm_mlx.api.pipeline import driver, structured
-from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
+from vllm_mlx.api.pipeline.chat_template import as_token_list
 from vllm_mlx.api.pipeline.driver import Run
 from vllm_mlx.api.pipeline.ids import new_id
 from vllm_mlx.api.pipeline.turn import RequestPlan, resolve_turn
+from vllm_mlx.api.pipeline.vision import ImageParts, chat_prompt
 from vllm_mlx.api.responses import convert, tools
 from vllm_mlx.api.responses.builder import ResponseBuilder, response_base
 from vllm_mlx.api.responses.schema import CreateResponseRequest
@@ -45,17 +46,18 @@ async def response_generation(
     turn = await resolve_turn(request, body.model, ROUTE)
     state = server_state(request)
     convert.check_unsupported(body)
-    items = convert.input_items(body)
+    images = ImageParts.of(turn)
+    items = convert.input_items(body, images.tower is not None)
     history = _history(state, turn.settings, body)
     toolset = tools.tool_set(body)
     offered = tools.offered(toolset, body.tool_choice)
     volatile = turn.settings.engine.prompt_canonicalization
-    messages = convert.chat_messages([*history, *items], body.instructions, len(history), volatile)
-    tokenizer = turn.tokenizer
+    everything = [*history, *items]
+    messages = convert.chat_messages(everything, body.instructions, len(history), volatile, images)
     # Agent prompts run to thousands of tokens: rendered off the event loop, time-bounded.
-    prompt = await turn.prompt(
-        render_chat, tokenizer, messages, offered.template or None, convert.template_kwargs(body)
-    )
+    kwargs = convert.template_kwargs(body)
+    prompt = await chat_prompt(turn, images, messages, offered.template or None, kwargs)
+    tokenizer = turn.tokenizer
     sampling = turn.sampling(temperature=body.temperature, top_p=body.top_p)
     max_tokens = turn.allowed_tokens(prompt, body.max_output_tokens)
     request_id = new_id("resp_", 32)
