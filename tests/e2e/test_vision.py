@@ -10,6 +10,9 @@ import base64
 import concurrent.futures
 import http.server
 import io
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -307,6 +310,34 @@ def test_bad_images_get_400s_and_the_daemon_keeps_serving(
     assert anthropic_error.value.body["type"] == "error"  # type: ignore[index]
     # Still serving, images and text alike.
     assert ask(client, image_message(data_url(picture(1)))).choices[0].message.content
+
+
+def test_tokenize_and_the_models_listing_know_the_images(
+    client: openai.OpenAI, daemon: DaemonProcess
+) -> None:
+    message = image_message(data_url(picture(11)), data_url(picture(12)))
+    usage = ask(client, message).usage
+    assert usage is not None
+    tokens = httpx.post(
+        f"{daemon.base_url}/tokenize", json={"model": MODEL, "messages": [message]}, timeout=60
+    ).json()
+    assert tokens["count"] == usage.prompt_tokens == len(tokens["tokens"])
+    # Image placeholders are shown as the image token: every id is in the vocabulary.
+    back = httpx.post(
+        f"{daemon.base_url}/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]}
+    )
+    assert back.status_code == 200, back.text
+    assert "<image>" in back.json()["prompt"]
+    command = [sys.executable, "-m", "vllm_mlx.cli", "models", "--json"]
+    listed = subprocess.run(
+        [*command, "--config", str(daemon.config_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = {row["name"]: row for row in json.loads(listed.stdout[listed.stdout.index("[") :])}
+    assert rows[MODEL]["vision"] is True
+    assert rows["smol"]["vision"] is False
 
 
 def test_metrics_count_images_and_encodes(daemon: DaemonProcess, client: openai.OpenAI) -> None:

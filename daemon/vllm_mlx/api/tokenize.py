@@ -9,7 +9,6 @@ server.allow_client_chat_templates, as on the chat route.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from litestar import Request, Router, post
@@ -20,7 +19,8 @@ from vllm_mlx.api.errors import bad_request
 from vllm_mlx.api.openai import convert
 from vllm_mlx.api.openai.schema import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
-from vllm_mlx.api.pipeline.turn import resolve_turn
+from vllm_mlx.api.pipeline.turn import Turn, resolve_turn
+from vllm_mlx.api.pipeline.vision import ImageParts, chat_prompt
 from vllm_mlx.api.state import request_settings
 
 
@@ -50,11 +50,10 @@ def _chat_tokens(
     chat: ChatCompletionRequest,
     body: TokenizeRequest,
     kwargs: dict[str, Any],
-    volatile: Sequence[str],
+    messages: list[dict[str, Any]],
 ) -> list[int]:
     """As /v1/chat/completions renders them (volatile system lines left out too),
     unless the body asks otherwise."""
-    messages = convert.template_messages(chat, volatile)
     if body.continue_final_message:
         return render_chat(
             tokenizer,
@@ -64,7 +63,7 @@ def _chat_tokens(
             continue_final_message=True,
         )
     if body.add_generation_prompt is not False:
-        return convert.chat_prompt_tokens(tokenizer, chat, kwargs, volatile)
+        return render_chat(tokenizer, messages, convert.template_tools(chat), kwargs)
     try:
         tokens = tokenizer.apply_chat_template(
             messages,
@@ -76,6 +75,32 @@ def _chat_tokens(
     except Exception as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     return as_token_list(tokens)
+
+
+async def _image_chat_tokens(
+    turn: Turn,
+    images: ImageParts,
+    chat: ChatCompletionRequest,
+    body: TokenizeRequest,
+    kwargs: dict[str, Any],
+    messages: list[dict[str, Any]],
+) -> list[int]:
+    """A vision model's prompt as the chat route builds it (images fetched, decoded and
+    tiled), each image token shown as the model's image token id: `count` is then the
+    chat request's `usage.prompt_tokens`."""
+    if body.add_generation_prompt is False:
+        raise bad_request(
+            "add_generation_prompt: false is not available for messages with images",
+            "add_generation_prompt",
+        )
+    tools = convert.template_tools(chat)
+    continued = bool(body.continue_final_message)
+    prompt = await chat_prompt(
+        turn, images, messages, tools, kwargs, continue_final_message=continued
+    )
+    tower = images.tower
+    assert tower is not None  # ImageParts refuses images on a text model
+    return [tower.image_token_id if t >= tower.vocab_size else t for t in prompt.tokens]
 
 
 def _prompt_tokens(tokenizer: Any, body: TokenizeRequest) -> list[int]:
@@ -93,7 +118,12 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
         allow = turn.settings.server.allow_client_chat_templates
         kwargs = convert.template_kwargs(chat, allow)
         volatile = turn.settings.engine.prompt_canonicalization
-        tokens = await turn.off_loop(_chat_tokens, tokenizer, chat, body, kwargs, volatile)
+        images = ImageParts.of(turn)
+        messages = await turn.off_loop(convert.template_messages, chat, volatile, images)
+        if images.refs:
+            tokens = await _image_chat_tokens(turn, images, chat, body, kwargs, messages)
+        else:
+            tokens = await turn.off_loop(_chat_tokens, tokenizer, chat, body, kwargs, messages)
     else:
         tokens = await turn.off_loop(_prompt_tokens, tokenizer, body)
     strs = tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None

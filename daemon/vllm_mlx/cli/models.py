@@ -106,6 +106,8 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
             f"{row['name']}{aliases}\n  task: {row['task']}\n  source: {row['source']}\n"
             f"  directory: {directory}"
         )
+        if row.get("vision"):
+            print("  accepts images: yes (vision-language model)")
         if row.get("path"):
             print(f"  path: {row['path']} ({row['path_reason']})")
         live = row.get("daemon")

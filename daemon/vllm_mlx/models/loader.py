@@ -210,10 +210,21 @@ def describe_models(settings: Settings, resolve: bool = False) -> list[dict[str,
                 "source": model.source,
                 "kind": kind.value,
                 "directory": str(directory) if directory else None,
+                "vision": _accepts_images(model, directory),
                 **_planned_path(model, directory),
             }
         )
     return rows
+
+
+def _accepts_images(model: ModelSettings, directory: Path | None) -> bool | None:
+    """Whether the model will take images: a `vision_config` in its config.json, unless
+    `vision: false` (None while a hub model is not downloaded: its config is unknown)."""
+    if model.task != "generate" or model.vision is False:
+        return False
+    if directory is None:
+        return None
+    return vision_config_of(directory) is not None
 
 
 def _planned_path(model: ModelSettings, directory: Path | None) -> dict[str, str | None]:

@@ -18,7 +18,7 @@ from vllm_mlx.api.openai.schema import (
     UsageDict,
 )
 from vllm_mlx.api.pipeline.canonical import canonical_system
-from vllm_mlx.api.pipeline.chat_template import as_token_list, render_chat
+from vllm_mlx.api.pipeline.chat_template import as_token_list
 from vllm_mlx.api.pipeline.structured import ForcedTools
 from vllm_mlx.api.pipeline.turn import Turn
 from vllm_mlx.api.pipeline.vision import UNSUPPORTED, ImageParts, content
@@ -112,17 +112,6 @@ def template_kwargs(request: ChatCompletionRequest, allow_templates: bool) -> di
             "client_templates_disabled",
         )
     return kwargs
-
-
-def chat_prompt_tokens(
-    tokenizer: Any,
-    request: ChatCompletionRequest,
-    kwargs: dict[str, Any] | None = None,
-    volatile: Sequence[str] = (),
-) -> list[int]:
-    """The prompt's token ids; kwargs from template_kwargs (default: none)."""
-    messages = template_messages(request, volatile)
-    return render_chat(tokenizer, messages, template_tools(request), kwargs)
 
 
 def completion_prompt_tokens(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:

@@ -281,8 +281,9 @@ def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> No
         # The BERT encoder inside the embedder holds the weights.
         entry.weights_bytes = module_bytes(getattr(loaded.embedder, "model", None))
         entry.kv_token_bytes = 0
-    else:
-        entry.weights_bytes = module_bytes(loaded.model)
+    else:  # a vision model's tower (and connector) beside its text model
+        tower = module_bytes(getattr(loaded.vision, "encoder", None))
+        entry.weights_bytes = module_bytes(loaded.model) + tower
         kv = entry.settings.kv_cache
         itemsize = loaded.kv_itemsize or activation_itemsize(loaded.model)
         entry.kv_token_bytes = kv_bytes_per_token(loaded.model, kv.bits, kv.group_size, itemsize)
