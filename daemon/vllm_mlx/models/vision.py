@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,9 @@ class VisionTower:
     image_token_id: int
     hidden_size: int
     vocab_size: int  # placeholder ids start here (the text model's embedding rows)
+    # vision_model.tower_features, handed in by the loader: this module stays free of
+    # mlx so the API threads can import it without the engine's imports.
+    features: Callable[[Any, int, Any, Any, int], Any]
     table: FeatureTable = field(default_factory=FeatureTable)
 
     def prepare(self, text: str, images: list[Any]) -> tuple[list[int], list[int], ImageTiles]:
@@ -150,6 +154,4 @@ class VisionTower:
     def encode(self, pixels: Any, masks: Any, tokens: int) -> Any:
         """The tower's features for these tiles, (tokens, hidden): mlx-vlm's own
         embedding path, scattered into `tokens` image-token positions."""
-        from vllm_mlx.models.vision_model import tower_features
-
-        return tower_features(self.encoder, self.image_token_id, pixels, masks, tokens)
+        return self.features(self.encoder, self.image_token_id, pixels, masks, tokens)

@@ -101,7 +101,9 @@ def load_vision_model(model_dir: Path, config: dict[str, Any]) -> tuple[Any, Vis
     vlm.language_model = _ZeroEmbedding(hidden)  # its weights now live in text_model
     image_token = getattr(vlm.config, "image_token_index", None) or config["image_token_id"]
     vocab_size = int(text_config["vocab_size"])
-    tower = VisionTower(model_type, vlm, processor, int(image_token), hidden, vocab_size)
+    tower = VisionTower(
+        model_type, vlm, processor, int(image_token), hidden, vocab_size, tower_features
+    )
     return text_model, tower
 
 
