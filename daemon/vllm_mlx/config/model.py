@@ -91,13 +91,15 @@ class ModelSettings(Section):
         min_length=1,
     )
     aliases: list[str] = setting([], Reload.HOT, "Other ids that reach this model.")
-    task: Literal["generate", "embed", "rerank"] = setting(
+    task: Literal["generate", "embed", "rerank", "transcribe"] = setting(
         "generate",
         Reload.MODEL,
         "`generate`: a chat/completion model (mlx-lm); `embed`: a sentence-embedding "
         "model served on /v1/embeddings (a BERT encoder, e.g. "
         "`builtin:all-minilm-l6-v2`), see docs/embeddings.md; `rerank`: a relevance "
-        "scorer served on /v1/rerank, /v2/rerank and /score, see docs/rerank.md.",
+        "scorer served on /v1/rerank, /v2/rerank and /score, see docs/rerank.md; "
+        "`transcribe`: a Whisper model (mlx-whisper) served on /v1/audio/transcriptions "
+        "and /v1/audio/translations, see docs/audio.md.",
     )
     vision: bool | None = setting(
         None,

@@ -321,6 +321,21 @@ class LimitsSettings(Section):
         ge=1,
         le=1024,
     )
+    max_audio_mb: float = setting(
+        25.0,
+        Reload.HOT,
+        "Largest audio file one transcription or translation request may upload, in MiB "
+        "(OpenAI's bound); larger gets 413 before it is decoded. The body must also fit "
+        "`max_body_mb`.",
+        gt=0,
+    )
+    max_audio_seconds: float = setting(
+        3600.0,
+        Reload.HOT,
+        "Longest audio one transcription or translation request may carry, in seconds of "
+        "decoded sound (30 s windows); longer gets 400.",
+        gt=0,
+    )
 
 
 class MetricsSettings(Section):

@@ -24,6 +24,11 @@ def estimated_bytes(model: ModelSettings, cache_dir: Path) -> int | None:
     if directory is None or not (directory / "config.json").is_file():
         return None
     on_disk = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+    if model.task == "transcribe":
+        # Whisper: float16 files (CTranslate2's model.bin, or weights.*) served as float32
+        # on the CPU; counted at that width, the larger.
+        stored = [*directory.glob("weights.*"), *directory.glob("model.bin")]
+        return 2 * sum(f.stat().st_size for f in stored)
     if model.task == "embed" or (
         model.task == "rerank" and rerank_method_of(directory, model.rerank_method) != "llm"
     ):

@@ -15,6 +15,7 @@ from vllm_mlx.config.sections import EngineSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
 from vllm_mlx.models.sources import SourceKind, builtin_path, classify_source
+from vllm_mlx.models.speech import LoadedSpeechModel
 from vllm_mlx.models.vision import vision_config_of
 
 if TYPE_CHECKING:
@@ -84,14 +85,20 @@ def context_length_in(config: dict[str, Any]) -> int:
 
 def load_model(
     model: ModelSettings, cache_dir: Path, engine: EngineSettings | None = None
-) -> LoadedModel | LoadedEmbeddingModel:
-    """The model in memory: an mlx-lm model, or an embedding model for `task: embed`."""
+) -> LoadedModel | LoadedEmbeddingModel | LoadedSpeechModel:
+    """The model in memory: an mlx-lm model, an embedding model for `task: embed`, a
+    Whisper model for `task: transcribe`."""
     if model.task == "embed":
         from vllm_mlx.models.embedding import load_embedding_model
 
         return load_embedding_model(model, resolve_model_dir(model, cache_dir), engine)
     if model.task == "rerank":
         return load_reranker(model, cache_dir, engine)
+    if model.task == "transcribe":
+        from vllm_mlx.models.speech import load_speech_model, speech_model_dir
+
+        resolved = resolve_model_dir(model, cache_dir)
+        return load_speech_model(model, speech_model_dir(model, resolved, cache_dir))
     return load_generation_model(model, cache_dir)
 
 

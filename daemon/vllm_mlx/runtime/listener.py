@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from granian.constants import Interfaces
 from granian.server.embed import Server
 
-from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.launcher import current_rank
-from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
+from vllm_mlx.engine.fleet.registry import Loader
 from vllm_mlx.models.loader import load_model
 from vllm_mlx.runtime.lifecycle import RequestTracker
 
@@ -33,9 +31,7 @@ class Listener:
     main: bool = True  # server.host:port (moved by a reload); False: ollama.listen
 
 
-def model_loader(
-    settings: Settings,
-) -> Callable[[ModelSettings], LoadedModel | LoadedEmbeddingModel]:
+def model_loader(settings: Settings) -> Loader:
     cache_dir = settings.resolved_cache_dir()
     base = lambda model: load_model(model, cache_dir, settings.engine)  # noqa: E731
     rank = current_rank()  # rank 0 of a distributed group shards its model

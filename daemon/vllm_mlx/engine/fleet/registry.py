@@ -23,12 +23,15 @@ from vllm_mlx.engine.fleet.sizes import (
 )
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.scheduler_state import with_kv_cache
+from vllm_mlx.engine.speech_runner import SpeechEngine
 from vllm_mlx.engine.warm import warm
 from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
+from vllm_mlx.models.speech import LoadedSpeechModel
 
 log = structlog.get_logger(__name__)
 
-Loader = Callable[[ModelSettings], LoadedModel | LoadedEmbeddingModel]
+Loaded = LoadedModel | LoadedEmbeddingModel | LoadedSpeechModel
+Loader = Callable[[ModelSettings], Loaded]
 
 
 class Stoppable(Protocol):
@@ -59,6 +62,8 @@ class ModelEntry:
     created: int = field(default_factory=lambda: int(time.time()))
     # `task: embed` models have an embedding engine instead of a generation engine.
     embedder: EmbeddingEngine | None = None
+    # `task: transcribe` models have a speech engine (engine/speech_runner.py).
+    transcriber: SpeechEngine | None = None
     startup: bool = True  # loaded as the daemon starts (`load: startup`)
     # Residency (engine/fleet/residency.py): requests holding the model, when it last served,
     # and what its weights and each KV token take once loaded.
@@ -74,6 +79,8 @@ class ModelEntry:
     @property
     def runner(self) -> Stoppable | None:
         """Whichever engine serves this entry."""
+        if self.transcriber is not None:
+            return self.transcriber
         return self.engine if self.engine is not None else self.embedder
 
 
@@ -137,6 +144,9 @@ class ModelRegistry:
         """
         try:
             loaded = loader(entry.settings)
+            if isinstance(loaded, LoadedSpeechModel):
+                entry.transcriber, entry.state = start_speech(loaded, entry), LoadState.RUNNING
+                return
             engine, embedder = start_engine(loaded, self.scheduler_config, entry.settings)
             measure(entry, loaded)
         except Exception as exc:
@@ -188,6 +198,10 @@ class ModelRegistry:
                     entries[model.name] = ModelEntry(model, startup=startup)
                 else:
                     loaded = loader(model)
+                    if isinstance(loaded, LoadedSpeechModel):
+                        entries[model.name] = ModelEntry(model, LoadState.RUNNING, startup=startup)
+                        entries[model.name].transcriber = start_speech(loaded, entries[model.name])
+                        continue
                     engine, embedder = start_engine(loaded, scheduler_config, model)
                     entries[model.name] = ModelEntry(
                         model, LoadState.RUNNING, engine, embedder=embedder, startup=startup
@@ -273,6 +287,14 @@ def can_serve(entry: ModelEntry) -> bool:
     return entry.state is LoadState.RUNNING or (
         entry.state in UNSETTLED or (entry.state is LoadState.FAILED and not entry.startup)
     )
+
+
+def start_speech(loaded: LoadedSpeechModel, entry: ModelEntry) -> SpeechEngine:
+    """A Whisper model's engine, its weights counted for the budget."""
+    engine = SpeechEngine(loaded)
+    engine.start()
+    entry.weights_bytes, entry.kv_token_bytes = module_bytes(loaded.model), 0
+    return engine
 
 
 def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> None:

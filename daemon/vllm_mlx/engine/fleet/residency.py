@@ -330,6 +330,7 @@ class ModelManager:
         entry.keep_alive_override = None  # a request's keep_alive lasts one residency
         # weights_bytes stays: the next load's budget check uses it as the estimate.
         entry.engine, entry.embedder, entry.state = None, None, LoadState.UNLOADING
+        entry.transcriber = None
         try:
             if runner is not None:
                 await asyncio.to_thread(runner.stop)
