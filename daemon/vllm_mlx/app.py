@@ -9,6 +9,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 from vllm_mlx.api.anthropic.routes import make_anthropic_router
+from vllm_mlx.api.audio.routes import make_audio_router
 from vllm_mlx.api.cache_routes import make_cache_router
 from vllm_mlx.api.dashboard import root, root_head, ui_asset, ui_page
 from vllm_mlx.api.edge.auth import is_api_path, protocol_of
@@ -53,6 +54,7 @@ def create_app(state: ServerState) -> Litestar:
             make_mcp_router(),
             make_tokenize_router(),
             make_rerank_router(),
+            make_audio_router(),
             make_responses_router(),
             make_ollama_router(),
             make_cache_router(),

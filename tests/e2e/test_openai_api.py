@@ -113,7 +113,7 @@ def test_completions_plain_and_streamed(
 def test_models_listing(client: openai.OpenAI, shared_daemon: DaemonProcess) -> None:
     ids = [m.id for m in client.models.list()]
     # The default config serves the chat model (with its alias) and the embedding model.
-    assert ids == ["smollm2-135m-instruct", "default", "all-minilm-l6-v2"]
+    assert ids == ["smollm2-135m-instruct", "default", "all-minilm-l6-v2", "whisper-tiny-en"]
     listing = httpx.get(f"{shared_daemon.base_url}/v1/models").json()
     validate_openai("ListModelsResponse", listing)
     assert client.models.retrieve("default").id == "default"

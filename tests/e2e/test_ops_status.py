@@ -39,13 +39,24 @@ def test_idle_status_has_the_seed_fields(shared_daemon: DaemonProcess) -> None:
     assert document["memory"]["peak_gb"] >= document["memory"]["active_gb"]
     # The prefix cache is on by default and empty before the first request.
     assert document["cache"] == {"type": "paged", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0}
-    # The default config also serves the bundled embedding model.
-    block, embedding = document["models"]
+    # The default config also serves the bundled embedding and speech models.
+    block, embedding, speech = document["models"]
     assert block["model"] == MODEL and block["status"] == "running"
     assert block["task"] == "generate" and embedding["task"] == "embed"
     assert embedding["status"] == "running" and embedding["embedding"]["dimensions"] == 384
+    assert speech["task"] == "transcribe" and speech["residency"]["load"] == "on_demand"
     assert Path(document["config"]["path"]).resolve() == shared_daemon.config_path.resolve()
     assert document["config"]["last_error"] is None
+
+
+def test_status_of_a_loaded_speech_model(shared_daemon: DaemonProcess) -> None:
+    url = f"{shared_daemon.base_url}/v1/models/whisper-tiny-en/load"
+    assert httpx.post(url, timeout=120).status_code == 200
+    block = {b["model"]: b for b in status(shared_daemon)["models"]}["whisper-tiny-en"]
+    assert block["status"] == "running" and block["task"] == "transcribe"
+    assert block["speech"] == {"multilingual": False, "audio_seconds": 0.0, "requests_queued": 0}
+    assert block["total_requests_processed"] == 0 and block["requests"] == []
+    assert block["residency"]["weights_mb"] > 50  # tiny.en in float32: ~150 MB
 
 
 def test_status_shows_a_running_stream(shared_daemon: DaemonProcess) -> None:

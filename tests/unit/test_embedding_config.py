@@ -34,11 +34,12 @@ def serve(argv: list[str]) -> LoadedConfig:
     return with_embedding_model(loaded, args.embedding_model)
 
 
-def test_defaults_serve_the_chat_and_the_embedding_model() -> None:
+def test_defaults_serve_the_chat_the_embedding_and_the_speech_model() -> None:
     models = Settings().models
     assert [(m.name, m.task) for m in models] == [
         ("smollm2-135m-instruct", "generate"),
         ("all-minilm-l6-v2", "embed"),
+        ("whisper-tiny-en", "transcribe"),
     ]
 
 
@@ -54,7 +55,11 @@ def test_embedding_model_flag_adds_one_beside_the_model() -> None:
 
 def test_embedding_model_flag_is_idempotent_with_the_defaults() -> None:
     settings = serve(["--embedding-model", "builtin:all-minilm-l6-v2"]).settings
-    assert [m.name for m in settings.models] == ["smollm2-135m-instruct", "all-minilm-l6-v2"]
+    assert [m.name for m in settings.models] == [
+        "smollm2-135m-instruct",
+        "all-minilm-l6-v2",
+        "whisper-tiny-en",
+    ]
 
 
 def test_embedding_model_flag_with_a_bad_source_names_the_flag() -> None:

@@ -50,8 +50,8 @@ def check_config(path: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_first_model_loads_at_startup_and_the_others_on_demand() -> None:
     models = Settings().models
-    assert [loads_at_startup(models, i) for i in range(len(models))] == [True, False]
-    first, second = models
+    assert [loads_at_startup(models, i) for i in range(len(models))] == [True, False, False]
+    first, second, _ = models
     explicit = [first.model_copy(update={"load": "on_demand"}), second.model_copy(
         update={"load": "startup"})]  # fmt: skip
     assert [loads_at_startup(explicit, i) for i in range(2)] == [False, True]

@@ -157,22 +157,41 @@ def _model_block(state: ServerState, entry: ModelEntry) -> dict[str, Any]:
             "adapters": _adapters_block(engine),
         }
     else:
-        embedder = entry.embedder
-        block |= {
-            "steps_executed": embedder.stats.batches if embedder else 0,
-            "total_requests_processed": embedder.stats.requests if embedder else 0,
-            "total_prompt_tokens": embedder.stats.tokens if embedder else 0,
-            "total_completion_tokens": 0,
-            "kv_cache_usage": 0.0,
-        }
-        if embedder is not None:
-            block["embedding"] = _embedding_block(embedder)
+        block |= _worker_block(entry)
     # Counted from the same snapshot as `requests`, so the two always agree.
     block["num_running"] = sum(1 for r in requests if r["phase"] != "queued")
     block["num_waiting"] = sum(1 for r in requests if r["phase"] == "queued")
     block["cache"] = engine.scheduler.prefix_cache.summary() if engine else dict(NO_CACHE)
     block["requests"] = requests
     block["residency"] = residency_block(state, entry)
+    return block
+
+
+def _worker_block(entry: ModelEntry) -> dict[str, Any]:
+    """The counters of a model served by a worker thread of its own (embedding, speech),
+    in the generation block's keys where they mean the same."""
+    block: dict[str, Any] = {
+        "steps_executed": 0,
+        "total_requests_processed": 0,
+        "total_prompt_tokens": 0,
+        "total_completion_tokens": 0,
+        "kv_cache_usage": 0.0,
+    }
+    embedder, speech = entry.embedder, entry.transcriber
+    if embedder is not None:
+        block |= {
+            "steps_executed": embedder.stats.batches,
+            "total_requests_processed": embedder.stats.requests,
+            "total_prompt_tokens": embedder.stats.tokens,
+            "embedding": _embedding_block(embedder),
+        }
+    if speech is not None:
+        block["total_requests_processed"] = speech.stats.requests
+        block["speech"] = {
+            "multilingual": speech.loaded.multilingual,
+            "audio_seconds": round(speech.stats.audio_seconds, 3),
+            "requests_queued": speech.stats.queued,
+        }
     return block
 
 
@@ -287,6 +306,13 @@ def live_sample(state: ServerState) -> tuple[list[ModelSample], MemorySample]:
                 entry.state.value,
                 load_seconds=entry.embedder.loaded.load_seconds,
                 waiting=entry.embedder.stats.queued,
+            )
+        elif entry.transcriber is not None:
+            sample = ModelSample(
+                entry.settings.name,
+                entry.state.value,
+                load_seconds=entry.transcriber.loaded.load_seconds,
+                waiting=entry.transcriber.stats.queued,
             )
         samples.append(sample)
     m = read_memory()

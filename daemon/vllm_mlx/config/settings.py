@@ -52,6 +52,9 @@ def _default_models() -> list[ModelSettings]:
             aliases=["default"],
         ),
         ModelSettings(name="all-minilm-l6-v2", source="builtin:all-minilm-l6-v2", task="embed"),
+        ModelSettings(
+            name="whisper-tiny-en", source="builtin:whisper-tiny-en", task="transcribe"
+        ),
     ]
 
 

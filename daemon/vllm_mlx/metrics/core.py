@@ -183,6 +183,13 @@ class Metrics:
             "Time the vision tower took to encode one request's image tiles.",
             HTTP_LATENCY_BUCKETS,
         )
+        self.audio_requests = c(
+            "vllm_mlx_audio_requests",
+            "Transcription and translation requests answered (/v1/audio/*).",
+        )
+        self.audio_seconds = c(
+            "vllm_mlx_audio_seconds", "Seconds of decoded audio transcribed or translated."
+        )
 
     def _define_server_metrics(self) -> None:
         c = self._counter
@@ -298,6 +305,10 @@ class Metrics:
     def rerank_request(self, model: str, documents: int) -> None:
         self.rerank_requests.labels(model).inc()
         self.rerank_documents.labels(model).inc(documents)
+
+    def audio_request(self, model: str, seconds: float) -> None:
+        self.audio_requests.labels(model).inc()
+        self.audio_seconds.labels(model).inc(seconds)
 
     def embedding_request(self, model: str, inputs: int, tokens: int, seconds: float) -> None:
         self.embedding_requests.labels(model).inc()

@@ -110,12 +110,24 @@ def content_type_refusal(
         return None
     if _bodyless_control(path, headers) or _ollama_client(path, headers):
         return None
+    if _audio_upload(path, headers):
+        return None
     sent = headers.get("content-type")
     return APIError(
         415,
         f"Request bodies must be JSON, sent with 'Content-Type: application/json' (got {sent!r}).",
         "invalid_request",
         code="unsupported_media_type",
+    )
+
+
+def _audio_upload(path: str, headers: Mapping[str, str]) -> bool:
+    """OpenAI's audio routes take multipart/form-data (the SDKs upload the file so). A
+    browser can send that cross-site without a preflight, but always with `Origin`: such
+    uploads are refused, as any non-JSON body is (docs/audio.md)."""
+    mime = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+    return (
+        path.startswith("/v1/audio/") and mime == "multipart/form-data" and "origin" not in headers
     )
 
 

@@ -198,6 +198,8 @@ def capabilities(model: ModelSettings) -> list[str]:
         return ["embedding"]
     if model.task == "rerank":
         return ["rerank"]
+    if model.task == "transcribe":
+        return ["transcription"]
     found = ["completion"]
     if model.enable_auto_tool_choice and model.tool_call_parser is not None:
         found.append("tools")

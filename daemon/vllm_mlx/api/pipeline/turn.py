@@ -168,6 +168,14 @@ class RequestPlan:
     shared: SharedPrefill | None = None
 
 
+# What a model of each other task is, and the routes it does serve (for the 400).
+_NOT_GENERATIVE = {
+    "embed": ("an embedding", "POST /v1/embeddings"),
+    "rerank": ("a rerank", "rerank"),
+    "transcribe": ("a speech-to-text", "POST /v1/audio/transcriptions and translations"),
+}
+
+
 async def resolve_turn(request: Request[Any, Any, Any], model_id: str, route: str) -> Turn:
     """The model's engine, loaded first when needed, held until the response is over."""
     state = server_state(request)
@@ -175,8 +183,7 @@ async def resolve_turn(request: Request[Any, Any, Any], model_id: str, route: st
     entry = served_entry(state, model_id)
     note_model(request.scope, model_id)
     if entry.settings.task != "generate":
-        embed = entry.settings.task == "embed"
-        kind, route = ("an embedding", "POST /v1/embeddings") if embed else ("a rerank", "rerank")
+        kind, route = _NOT_GENERATIVE[entry.settings.task]
         raise bad_request(
             f"model '{model_id}' is {kind} model: it serves {route} requests only, "
             f"not text generation",
