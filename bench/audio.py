@@ -5,9 +5,11 @@
 The model is loaded as the daemon loads it (`task: transcribe`: the CTranslate2 import,
 float32 on the CPU) and run through the same call the speech engine makes. The audio is
 the e2e test's: ten espeak-ng sentences joined by a second of silence (~36 s, two 30 s
-windows), and the first sentence alone (~2.6 s, one window). Each case is the median of
-three rounds after a warm-up. The real-time factor is seconds of audio per second of
-compute: above 1 transcribes faster than the sound plays. Prints a markdown table.
+windows), and the first sentence alone (~2 s, one window). Each case is the median of
+three rounds after a warm-up, with the encoder's softmax in MLX and in the CPU kernel
+(models/cpu/whisper_attention.py), rounds alternating. The real-time factor (RTF) is
+seconds of audio per second of compute: above 1 transcribes faster than the sound
+plays. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -48,16 +50,37 @@ def spoken(root: Path) -> list[Any]:
     return samples
 
 
-def median_seconds(loaded: Any, audio: Any, options: Any) -> float:
+def kernel_switch(whisper: Any) -> Any:
+    """A function turning the encoder's CPU softmax route (models/cpu/whisper_attention.py)
+    off and on again, to time both in one run."""
+    blocks = list(whisper.encoder.blocks)
+    routed = [b.attn.__dict__.get("qkv_attention") for b in blocks]
+
+    def use(on: bool) -> None:
+        for block, function in zip(blocks, routed, strict=True):
+            if function is None:
+                continue  # not routed (no kernel): both columns measure MLX's softmax
+            if on:
+                object.__setattr__(block.attn, "qkv_attention", function)
+            elif "qkv_attention" in block.attn.__dict__:
+                object.__delattr__(block.attn, "qkv_attention")
+
+    return use
+
+
+def median_seconds(loaded: Any, audio: Any, options: Any, use: Any) -> tuple[float, float]:
+    """Median seconds with MLX's softmax and with the kernel's, rounds alternating."""
     from vllm_mlx.models.speech import transcribe
 
     transcribe(loaded, audio, options)  # warm-up
-    times = []
+    times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(ROUNDS):
-        start = time.perf_counter()
-        transcribe(loaded, audio, options)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for on in (False, True):
+            use(on)
+            start = time.perf_counter()
+            transcribe(loaded, audio, options)
+            times[on].append(time.perf_counter() - start)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def main() -> None:
@@ -85,12 +108,17 @@ def main() -> None:
             ("ten sentences (2 windows)", long, SpeechOptions()),
             ("ten sentences, word timestamps", long, SpeechOptions(word_timestamps=True)),
         ]
-        print("| audio | seconds of audio | compute (s) | real-time factor |")
-        print("| --- | ---: | ---: | ---: |")
+        use = kernel_switch(loaded.model)
+        print("| audio | seconds of audio | MLX softmax: s (RTF) | kernel: s (RTF) | speed-up |")
+        print("| --- | ---: | ---: | ---: | ---: |")
         for name, audio, options in cases:
             seconds = len(audio) / 16_000
-            took = median_seconds(loaded, audio, options)
-            print(f"| {name} | {seconds:.1f} | {took:.2f} | {seconds / took:.1f}x |", flush=True)
+            plain, kernel = median_seconds(loaded, audio, options, use)
+            row = (
+                f"| {name} | {seconds:.1f} | {plain:.2f} ({seconds / plain:.1f}x) | "
+                f"{kernel:.2f} ({seconds / kernel:.1f}x) | {plain / kernel:.2f}x |"
+            )
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

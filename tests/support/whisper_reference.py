@@ -23,6 +23,7 @@ blas.configure("auto")
 import numpy as np  # noqa: E402
 
 from vllm_mlx.api.audio.decode import decode_audio  # noqa: E402
+from vllm_mlx.models.cpu.whisper_attention import route_encoder_attention  # noqa: E402
 
 SOT_NO_TIMESTAMPS = [50257, 50362]  # tiny.en: <|startoftranscript|> <|notimestamps|>
 
@@ -41,6 +42,10 @@ def encoder(ct2_dir: str, mlx_dir: str, audio: str) -> dict[str, Any]:
     model = load_model(mlx_dir, dtype=mx.float32)
     mel = pad_or_trim(log_mel_spectrogram(_samples(audio), 80), N_FRAMES, axis=-2)
     ours = np.array(model.encoder(mel[None].astype(mx.float32)))
+    # The daemon's CPU route of the encoder's softmax (models/cpu/whisper_attention.py),
+    # on the same model and window, against mlx-whisper's own just above.
+    routed = route_encoder_attention(model)
+    kernel = np.array(model.encoder(mel[None].astype(mx.float32))) if routed else ours
     reference = ctranslate2.models.Whisper(ct2_dir, device="cpu", compute_type="float32")
     features = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.array(mel).T[None]))
     theirs = np.array(reference.encode(features, to_cpu=True))
@@ -50,6 +55,8 @@ def encoder(ct2_dir: str, mlx_dir: str, audio: str) -> dict[str, Any]:
     eot = 50256
     return {
         "max_abs": float(np.abs(ours - theirs).max()),
+        "kernel_routed": routed,
+        "kernel_max_abs": float(np.abs(kernel - ours).max()),
         "scale": float(np.abs(theirs).max()),
         "ct2_tokens": [t for t in generated[0].sequences_ids[0] if t < eot],
         "mlx_tokens": [t for t in decoded.tokens if t < eot],

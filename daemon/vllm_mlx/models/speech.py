@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.models.cpu.whisper_attention import route_encoder_attention
 
 log = structlog.get_logger(__name__)
 
@@ -87,11 +88,15 @@ def load_speech_model(model: ModelSettings, model_dir: Path) -> LoadedSpeechMode
     # Evaluated here, not lazily: a lazy array belongs to the stream of the thread that
     # built it (this loader thread), and the engine thread cannot evaluate it.
     mx.eval(whisper.parameters(), whisper.encoder._positional_embedding, whisper.decoder._mask)
+    # On the CPU the encoder's softmax is most of a window's time: the extension's
+    # threaded one takes it when built (models/cpu/whisper_attention.py).
+    routed = not fp16 and route_encoder_attention(whisper)
     multilingual = bool(whisper.is_multilingual)
     languages = frozenset(LANGUAGES) if multilingual else frozenset({"en"})
     seconds = time.monotonic() - started
     log.info("model loaded", model=model.name, task="transcribe", directory=str(model_dir),
-             multilingual=multilingual, seconds=round(seconds, 2))  # fmt: skip
+             multilingual=multilingual, encoder_kernel=routed,
+             seconds=round(seconds, 2))  # fmt: skip
     return LoadedSpeechModel(
         model.name, whisper, str(model_dir), multilingual, fp16, seconds, languages
     )
