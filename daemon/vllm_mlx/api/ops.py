@@ -190,7 +190,7 @@ def _worker_block(entry: ModelEntry) -> dict[str, Any]:
         block["speech"] = {
             "multilingual": speech.loaded.multilingual,
             "audio_seconds": round(speech.stats.audio_seconds, 3),
-            "requests_queued": speech.stats.queued,
+            "requests_queued": speech.queued,
         }
     return block
 
@@ -312,7 +312,7 @@ def live_sample(state: ServerState) -> tuple[list[ModelSample], MemorySample]:
                 entry.settings.name,
                 entry.state.value,
                 load_seconds=entry.transcriber.loaded.load_seconds,
-                waiting=entry.transcriber.stats.queued,
+                waiting=entry.transcriber.queued,
             )
         samples.append(sample)
     m = read_memory()

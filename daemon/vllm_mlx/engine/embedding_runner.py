@@ -9,18 +9,14 @@ request's inputs run shortest first, so a batch holds similar lengths and pads l
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import queue
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from vllm_mlx.engine.types import EngineUnavailableError
+from vllm_mlx.engine.worker_thread import STOP, WorkerThread
 from vllm_mlx.models.loaded import LoadedEmbeddingModel
 
 log = structlog.get_logger(__name__)
@@ -49,33 +45,14 @@ class _Job:
         self.todo = sorted(range(len(self.inputs)), key=lambda i: -len(self.inputs[i]))
 
 
-_STOP = object()
-
-
-class EmbeddingEngine:
+class EmbeddingEngine(WorkerThread[list[Any]]):
     def __init__(self, loaded: LoadedEmbeddingModel) -> None:
+        super().__init__(f"embed-{loaded.name}", "embedding")
         self.loaded = loaded
         self.limits = loaded.limits
         self.stats = EmbeddingStats()
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=f"embed-{loaded.name}", daemon=True)
-        self._accepting = False
 
     # --- the asyncio side ---------------------------------------------------------------
-
-    def start(self) -> None:
-        self._thread.start()
-        self._accepting = True
-
-    def stop(self, timeout: float | None = 10.0) -> None:
-        self._accepting = False
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join(timeout)
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
 
     @property
     def dimensions(self) -> int:
@@ -87,33 +64,9 @@ class EmbeddingEngine:
 
     async def embed(self, inputs: list[list[int]], deadline: float | None = None) -> list[Any]:
         """One vector per input, in order; leaving early (timeout, disconnect) drops the rest."""
-        if not self._accepting:
-            raise EngineUnavailableError("the embedding engine is not accepting requests")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Any]] = loop.create_future()
-
-        def settle(outcome: list[Any] | BaseException) -> None:
-            if future.done():
-                return
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
-
-        def done(outcome: list[Any] | BaseException) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop may be gone at shutdown
-                loop.call_soon_threadsafe(settle, outcome)
-
-        job = _Job(inputs, done, [None] * len(inputs), len(inputs))
-        self._queue.put(job)
-        try:
-            if deadline is None:
-                return await future
-            # asyncio.timeout, not wait_for: wait_for on 3.11 can swallow a cancellation.
-            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                return await future
-        finally:
-            job.cancelled = True  # a no-op when finished; otherwise its batches are skipped
+        return await self._submit(
+            lambda done: _Job(inputs, done, [None] * len(inputs), len(inputs)), deadline
+        )
 
     # --- the engine thread --------------------------------------------------------------
 
@@ -121,9 +74,9 @@ class EmbeddingEngine:
         jobs: list[_Job] = []
         while True:
             arrived = self._take(block=not jobs)
-            if any(item is _STOP for item in arrived):
+            if any(item is STOP for item in arrived):
                 for job in [*jobs, *(a for a in arrived if isinstance(a, _Job))]:
-                    job.done(EngineUnavailableError("the embedding engine stopped"))
+                    job.done(self.stopped())
                 return
             jobs.extend(arrived)
             # Stats are written by this thread only (read anywhere: plain ints).
@@ -134,7 +87,7 @@ class EmbeddingEngine:
                     job.todo.clear()
             jobs = [job for job in jobs if job.todo]
             if jobs:
-                self._run(self._next_batch(jobs))
+                self._run_batch(self._next_batch(jobs))
 
     def _take(self, block: bool) -> list[Any]:
         """Everything queued now (waiting for the first item when `block`)."""
@@ -159,7 +112,7 @@ class EmbeddingEngine:
                 widest = width
         return batch
 
-    def _run(self, batch: list[tuple[_Job, int]]) -> None:
+    def _run_batch(self, batch: list[tuple[_Job, int]]) -> None:
         try:
             vectors = self.loaded.embedder.embed([job.inputs[i] for job, i in batch])
         except Exception as exc:

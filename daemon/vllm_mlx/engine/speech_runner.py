@@ -9,18 +9,14 @@ before its turn is skipped.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import queue
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from vllm_mlx.engine.types import EngineUnavailableError
+from vllm_mlx.engine.worker_thread import STOP, WorkerThread
 from vllm_mlx.models.speech import LoadedSpeechModel, SpeechOptions, transcribe
 
 log = structlog.get_logger(__name__)
@@ -30,7 +26,6 @@ log = structlog.get_logger(__name__)
 class SpeechStats:
     requests: int = 0
     audio_seconds: float = 0.0
-    queued: int = 0
 
 
 @dataclass
@@ -41,77 +36,34 @@ class _Job:
     cancelled: bool = False
 
 
-_STOP = object()
-
-
-class SpeechEngine:
+class SpeechEngine(WorkerThread[dict[str, Any]]):
     def __init__(self, loaded: LoadedSpeechModel) -> None:
+        super().__init__(f"speech-{loaded.name}", "speech")
         self.loaded = loaded
         self.stats = SpeechStats()
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"speech-{loaded.name}", daemon=True
-        )
-        self._accepting = False
-
-    def start(self) -> None:
-        self._thread.start()
-        self._accepting = True
-
-    def stop(self, timeout: float | None = 10.0) -> None:
-        self._accepting = False
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join(timeout)
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
 
     async def transcribe(
         self, audio: Any, options: SpeechOptions, deadline: float | None = None
     ) -> dict[str, Any]:
         """mlx-whisper's result for `audio` (mono float32, 16 kHz)."""
-        if not self._accepting:
-            raise EngineUnavailableError("the speech engine is not accepting requests")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        return await self._submit(lambda done: _Job(audio, options, done), deadline)
 
-        def settle(outcome: dict[str, Any] | BaseException) -> None:
-            if future.done():
-                return
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
-
-        def done(outcome: dict[str, Any] | BaseException) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop may be gone at shutdown
-                loop.call_soon_threadsafe(settle, outcome)
-
-        job = _Job(audio, options, done)
-        self.stats.queued += 1
-        self._queue.put(job)
-        try:
-            if deadline is None:
-                return await future
-            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                return await future
-        finally:
-            job.cancelled = True  # a no-op once it ran; otherwise it is skipped
+    @property
+    def queued(self) -> int:
+        """Requests waiting for the thread (the one it runs is not counted)."""
+        return self._queue.qsize()
 
     def _loop(self) -> None:
         while True:
             job = self._queue.get()
-            if job is _STOP:
+            if job is STOP:
                 while True:  # fail whatever is still queued
                     try:
                         left = self._queue.get_nowait()
                     except queue.Empty:
                         return
                     if isinstance(left, _Job):
-                        left.done(EngineUnavailableError("the speech engine stopped"))
-            self.stats.queued -= 1
+                        left.done(self.stopped())
             if job.cancelled:
                 continue
             try:
