@@ -40,10 +40,16 @@ def test_edit_swaps_api_key_and_hot_settings_with_same_pid(
         {
             "auth": {"api_keys": ["new-key"]},
             "defaults": {"max_tokens": 2},
-            # Only the chat model's aliases change (hot); the default embedding model stays.
+            # Only the chat model's aliases change (hot); the default embedding and speech
+            # models stay.
             "models": [
                 {"name": "smollm2-135m-instruct", "source": BUILTIN, "aliases": ["fresh"]},
                 {"name": "all-minilm-l6-v2", "source": "builtin:all-minilm-l6-v2", "task": "embed"},
+                {
+                    "name": "whisper-tiny-en",
+                    "source": "builtin:whisper-tiny-en",
+                    "task": "transcribe",
+                },
             ],
         },
     )
