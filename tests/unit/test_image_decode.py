@@ -22,7 +22,7 @@ from vllm_mlx.api.images import IMAGE_ERROR_CODES, ImageRef, LoadedImage, load_i
 from vllm_mlx.api.images import load as load_module
 from vllm_mlx.api.images.decode import decode_image
 from vllm_mlx.config.images import ImageFetchSettings
-from vllm_mlx.config.sections import LimitsSettings
+from vllm_mlx.config.limits import LimitsSettings
 
 FIELD = "messages[0].content[1].image_url.url"
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)

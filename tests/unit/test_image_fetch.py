@@ -23,7 +23,7 @@ from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.images import ImageRef, load_images
 from vllm_mlx.api.images.fetch import IPAddress, address_refusal, fetch_image
 from vllm_mlx.config.images import ImageFetchSettings
-from vllm_mlx.config.sections import LimitsSettings
+from vllm_mlx.config.limits import LimitsSettings
 
 FIELD = "messages[0].content[0].image_url.url"
 LOOPBACK = ipaddress.IPv4Address("127.0.0.1")

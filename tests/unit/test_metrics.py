@@ -6,13 +6,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_mlx.engine.output import RequestTrace
-from vllm_mlx.metrics.core import (
+from vllm_mlx.metrics.buckets import (
     ITL_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
-    Metrics,
     build_1_2_5_buckets,
 )
+from vllm_mlx.metrics.core import Metrics
 from vllm_mlx.metrics.live import MemorySample, ModelSample
 
 MODEL = "m"

@@ -23,6 +23,7 @@ from vllm_mlx.config.fields import (
     Reload,
     setting,
 )
+from vllm_mlx.config.limits import LimitsSettings
 from vllm_mlx.config.mcp import McpSettings
 from vllm_mlx.config.memory import MemorySettings
 from vllm_mlx.config.model import ModelSettings, check_unique_model_ids
@@ -30,7 +31,6 @@ from vllm_mlx.config.ollama import OllamaSettings, overlaps
 from vllm_mlx.config.sections import (
     DefaultsSettings,
     EngineSettings,
-    LimitsSettings,
     LoggingSettings,
     MetricsSettings,
     PathsSettings,
@@ -52,9 +52,7 @@ def _default_models() -> list[ModelSettings]:
             aliases=["default"],
         ),
         ModelSettings(name="all-minilm-l6-v2", source="builtin:all-minilm-l6-v2", task="embed"),
-        ModelSettings(
-            name="whisper-tiny-en", source="builtin:whisper-tiny-en", task="transcribe"
-        ),
+        ModelSettings(name="whisper-tiny-en", source="builtin:whisper-tiny-en", task="transcribe"),
     ]
 
 

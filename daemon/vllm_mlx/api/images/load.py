@@ -11,7 +11,7 @@ from vllm_mlx.api.images.decode import LoadedImage, decode_image
 from vllm_mlx.api.images.errors import IMAGE_DECODE_TIMEOUT, TOO_MANY_IMAGES, image_error
 from vllm_mlx.api.images.source import ImageRef, image_bytes
 from vllm_mlx.api.pipeline.offload import in_worker
-from vllm_mlx.config.sections import LimitsSettings
+from vllm_mlx.config.limits import LimitsSettings
 
 
 async def load_images(refs: Sequence[ImageRef], limits: LimitsSettings) -> list[LoadedImage]:
