@@ -108,3 +108,19 @@ def test_serve_refuses_a_blas_path_that_cannot_load(tmp_path: os.PathLike[str]) 
     assert done.returncode == 1
     # Refused at config validation, with the file and line (check-config agrees).
     assert f"{config}:2:3: engine.blas: /nonexistent/libblas.so.3 does not exist" in done.stderr
+
+
+def test_what_runs_before_the_blas_choice_does_not_import_mlx() -> None:
+    # `serve` loads the config, then chooses the BLAS, then imports the runtime; bench
+    # scripts import the loader first. Any of these importing mlx at module level would
+    # leave every model on MLX's reference BLAS (a loader import once did, through the
+    # Whisper attention module: transcription ran 10x slower).
+    code = (
+        "import sys\n"
+        "import vllm_mlx.cli.main, vllm_mlx.config.settings, vllm_mlx.models.loader\n"
+        "import vllm_mlx.models.speech, vllm_mlx.models.sources\n"
+        "print('mlx.core' in sys.modules)\n"
+    )
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

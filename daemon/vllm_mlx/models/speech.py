@@ -22,7 +22,6 @@ from typing import Any
 import structlog
 
 from vllm_mlx.config.model import ModelSettings
-from vllm_mlx.models.cpu.whisper_attention import route_encoder_attention
 
 log = structlog.get_logger(__name__)
 
@@ -70,10 +69,14 @@ def speech_model_dir(model: ModelSettings, resolved: Path, cache_dir: Path) -> P
 
 def load_speech_model(model: ModelSettings, model_dir: Path) -> LoadedSpeechModel:
     """A Whisper model in memory, its weights in the float width it computes in."""
+    # Imported here, not at the top: importing mlx before the daemon picks its BLAS
+    # (models/cpu/blas.py) would leave every model on MLX's slow reference BLAS.
     import mlx.core as mx
     from mlx.utils import tree_map
     from mlx_whisper.load_models import load_model
     from mlx_whisper.tokenizer import LANGUAGES
+
+    from vllm_mlx.models.cpu.whisper_attention import route_encoder_attention
 
     started = time.monotonic()
     fp16 = mx.default_device() == mx.gpu
