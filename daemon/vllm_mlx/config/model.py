@@ -10,6 +10,7 @@ from pydantic import field_validator, model_validator
 from vllm_mlx.config.adapters import AdapterSettings, adapter_ids
 from vllm_mlx.config.fields import LocatedError, Reload, Section, setting
 from vllm_mlx.config.kv_cache import KVCacheSettings
+from vllm_mlx.config.speculative import SpeculativeSettings
 from vllm_mlx.models.sources import check_source
 
 MAX_KEEP_ALIVE_S = 365 * 24 * 3600  # a year: beyond it, say -1
@@ -209,6 +210,12 @@ class ModelSettings(Section):
         "Quantization of the live KV cache: `bits` (4, 8 or unset), `group_size`, "
         "`quantized_after` (docs/caching.md).",
     )
+    speculative: SpeculativeSettings = setting(
+        SpeculativeSettings(),
+        Reload.MODEL,
+        "Speculative decoding inside the continuous batch: `method` (`ngram` or unset), "
+        "`num_tokens`, `ngram_min`, `ngram_max` (docs/speculative.md).",
+    )
     adapters: list[AdapterSettings] = setting(
         [],
         Reload.HOT,
@@ -295,6 +302,25 @@ class ModelSettings(Section):
             raise LocatedError(
                 f"kv_cache.bits applies to generation models; this one has task: {self.task}",
                 ("kv_cache", "bits"),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _speculative_generates(self) -> ModelSettings:
+        if self.speculative.method is None:
+            return self
+        if self.task != "generate":
+            raise LocatedError(
+                f"speculative applies to generation models; this one has task: {self.task}",
+                ("speculative", "method"),
+            )
+        if self.kv_cache.bits is not None:
+            # The draft check rewinds each row's cache by position; the quantized batch
+            # cache has no such rewind yet.
+            raise LocatedError(
+                "speculative decoding does not work with a quantized KV cache yet "
+                "(kv_cache.bits); turn one of them off",
+                ("speculative", "method"),
             )
         return self
 

@@ -16,6 +16,10 @@ On Linux MLX's CPU `exp` is scalar, so for a 49k-token vocabulary at 16 rows tha
 Each row's token and log-probabilities depend on that row's logits alone, so a sequence
 gets the same bits alone or in a batch. Prompt processing, continuous batching, caches
 and stop conditions are mlx-lm's own, unchanged.
+
+With a `speculator` (a model's `speculative` section), a step where opted-in rows have
+prompt-lookup proposals is a verify step instead (engine/speculative/verify.py); any
+other step is the one above.
 """
 
 from __future__ import annotations
@@ -26,8 +30,19 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
+from vllm_mlx.engine.speculative.verify import Speculator
+
 
 class LeanGenerationBatch(GenerationBatch):
+    speculator: Speculator | None = None
+
+    def next(self) -> list[Any]:
+        if self.speculator is not None and self.uids:
+            responses = self.speculator.step(self)
+            if responses is not None:
+                return responses
+        return super().next()  # type: ignore[no-any-return]
+
     def _step(self) -> tuple[list[int], list[mx.array]]:
         inputs: mx.array = self._next_tokens  # type: ignore[assignment]
         self._current_tokens = inputs  # type: ignore[assignment]
@@ -83,6 +98,8 @@ class LeanBatchGenerator(BatchGenerator):
     """BatchGenerator whose decode batch is a LeanGenerationBatch (new sequences take
     mlx-lm's first step, then join it through `extend`)."""
 
-    def __init__(self, model: Any, **kwargs: Any) -> None:
+    def __init__(self, model: Any, speculator: Speculator | None = None, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self._generation_batch = LeanGenerationBatch.empty(self.model, self.sampler)
+        self._generation_batch.speculator = speculator
+        self.speculator = speculator

@@ -106,6 +106,18 @@ class Detokenizer:
         return segment
 
 
+def _one_by_one(
+    event: TokensGenerated,
+) -> list[tuple[Sequence[int], tuple[TokenLogprob, ...]]]:
+    """An event's tokens one at a time, each with its own log-probabilities."""
+    tokens, logprobs = event.tokens, event.logprobs
+    if len(tokens) <= 1:
+        return [(tokens, logprobs)]
+    if len(logprobs) == len(tokens):
+        return [([t], (lp,)) for t, lp in zip(tokens, logprobs, strict=True)]
+    return [([t], logprobs if i == 0 else ()) for i, t in enumerate(tokens)]
+
+
 async def generate_text(
     engine: Engine,
     request: GenerationRequest,
@@ -131,19 +143,22 @@ async def generate_text(
             now = time.monotonic()
             if trace.first_token_at is None:
                 trace.first_token_at = now
-            trace.token_times.append(now)
-            completion_tokens += len(event.tokens)
-            trace.completion_tokens = completion_tokens
-            logprobs += event.logprobs
-            text, hit = stops.feed(detokenizer.add(event.tokens))
-            if text or (hit is not None and logprobs):
-                yield TextDelta(text, logprobs)
-                logprobs = ()
-            if hit is not None:
-                trace.finished_at = time.monotonic()
-                usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens)
-                yield Finished(FinishReason.STOP, usage, hit)
-                return  # leaving the engine's iterator aborts the sequence
+            # A speculative step brings several tokens at once: each is taken as if it
+            # came alone, so deltas, stop strings and usage are as without speculation.
+            for tokens, token_logprobs in _one_by_one(event):
+                trace.token_times.append(now)
+                completion_tokens += len(tokens)
+                trace.completion_tokens = completion_tokens
+                logprobs += token_logprobs
+                text, hit = stops.feed(detokenizer.add(tokens))
+                if text or (hit is not None and logprobs):
+                    yield TextDelta(text, logprobs)
+                    logprobs = ()
+                if hit is not None:
+                    trace.finished_at = time.monotonic()
+                    usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens)
+                    yield Finished(FinishReason.STOP, usage, hit)
+                    return  # leaving the engine's iterator aborts the sequence
         elif isinstance(event, SequenceFinished):
             tail, hit = stops.feed(detokenizer.finish())
             tail += "" if hit else stops.flush()

@@ -45,6 +45,7 @@ from vllm_mlx.engine.scheduler_state import (
 # Re-exported: the engine's users import the config from here.
 from vllm_mlx.engine.scheduler_state import SchedulerConfig as SchedulerConfig
 from vllm_mlx.engine.slot_setup import slot_processors, slot_sampler
+from vllm_mlx.engine.speculative.verify import Speculator, eligible, model_supports
 from vllm_mlx.engine.types import (
     EngineEvent,
     FinishReason,
@@ -91,6 +92,10 @@ class Scheduler:
         self._by_request: dict[str, Slot] = {}
         self._generator: BatchGenerator | None = None
         self.stats = SchedulerStats()
+        # Not across a group of ranks yet: each rank would have to draft alike.
+        spec = config.speculative is not None and lockstep is None
+        self._speculates = spec and model_supports(model)
+        self._speculator: Speculator | None = None
         self.on_step: StepHook | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -148,8 +153,12 @@ class Scheduler:
     # --- engine thread -------------------------------------------------------------
 
     def _make_generator(self) -> BatchGenerator:
+        self._speculator = None
+        if self._speculates and self._config.speculative is not None:
+            self._speculator = Speculator(self._config.speculative, self.stats)
         return LeanBatchGenerator(
             self._model,
+            speculator=self._speculator,
             stop_tokens=[[t] for t in sorted(self._eos)],
             completion_batch_size=self._config.max_batch_size,
             prefill_batch_size=min(self._config.prefill_batch_size, self._config.max_batch_size),
@@ -274,6 +283,7 @@ class Scheduler:
             if request.vision is not None and self.vision is not None:
                 processors = self.vision.processors(processors, self.vocab_size)
             layers = hit.cache if hit.cache is not None else make_prompt_cache(self._model)
+            sampler = slot_sampler(request, fault, self.vocab_size, self.lockstep)
             (uid,) = self._generator.insert(
                 [hit.rest],
                 max_tokens=[request.max_tokens],
@@ -281,9 +291,11 @@ class Scheduler:
                 # record (the key its cache is stored under when it ends) stays whole.
                 caches=[row_caches(layers, request.adapter, self._config.kv_quantization)],
                 all_tokens=[list(request.prompt_tokens[: hit.cached])],
-                samplers=[slot_sampler(request, fault, self.vocab_size, self.lockstep)],
+                samplers=[sampler],
                 logits_processors=[processors],
             )
+            if self._speculator is not None and eligible(request, sampler, processors):
+                self._speculator.add(uid)
         except Exception as exc:
             if self.vision is not None:
                 self.vision.release(request.request_id)
@@ -333,6 +345,8 @@ class Scheduler:
             self.vision.release(slot.request.request_id)
         self._slots.pop(slot.uid, None)
         self._by_request.pop(slot.request.request_id, None)
+        if self._speculator is not None:
+            self._speculator.forget(slot.uid)
         self.stats.requests_finished += 1
 
     def _step(self) -> None:

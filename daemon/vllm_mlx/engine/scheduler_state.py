@@ -16,10 +16,12 @@ from vllm_mlx.engine.cache.rows import KVQuantization
 from vllm_mlx.engine.fleet.sizes import kv_shape
 from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import Fault, Sampler
+from vllm_mlx.engine.speculative.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from vllm_mlx.config.kv_cache import KVCacheSettings
     from vllm_mlx.config.sections import EngineSettings
+    from vllm_mlx.config.speculative import SpeculativeSettings
 
 from vllm_mlx.engine.types import EngineEvent, FinishReason, GenerationRequest, TokenLogprob
 
@@ -114,6 +116,7 @@ class SchedulerConfig:
     disk_cache_bytes: int = 0  # the paged cache's disk tier, per model (0 = off)
     disk_cache_dir: Path | None = None  # where each model's tier gets its own directory
     kv_quantization: KVQuantization | None = None  # the model's kv_cache.bits (None: off)
+    speculative: SpeculativeConfig | None = None  # the model's speculative section (None: off)
 
 
 @dataclass
@@ -122,6 +125,11 @@ class SchedulerStats:
     requests_finished: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    # Speculative decoding (engine/speculative): tokens proposed, and of them accepted
+    # (emitted without a step of their own); steps that checked proposals.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    speculative_steps: int = 0
 
 
 def describe(slot: Slot, now: float) -> dict[str, Any]:
@@ -190,6 +198,14 @@ def with_kv_cache(config: SchedulerConfig, kv: KVCacheSettings, model: Any) -> S
         )
     quantization = KVQuantization(kv.bits, kv.group_size, kv.quantized_after)
     return replace(config, kv_quantization=quantization)
+
+
+def with_speculative(config: SchedulerConfig, spec: SpeculativeSettings) -> SchedulerConfig:
+    """`config` with a model's speculative section (unset method: unchanged, off)."""
+    if spec.method is None:
+        return config
+    chosen = SpeculativeConfig(spec.num_tokens, spec.ngram_min, spec.ngram_max)
+    return replace(config, speculative=chosen)
 
 
 def vocab_size_of(model: Any) -> int:

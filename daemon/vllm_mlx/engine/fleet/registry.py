@@ -22,7 +22,7 @@ from vllm_mlx.engine.fleet.sizes import (
     probe_kv_itemsize,
 )
 from vllm_mlx.engine.scheduler import SchedulerConfig
-from vllm_mlx.engine.scheduler_state import with_kv_cache
+from vllm_mlx.engine.scheduler_state import with_kv_cache, with_speculative
 from vllm_mlx.engine.speech_runner import SpeechEngine
 from vllm_mlx.engine.warm import warm
 from vllm_mlx.models.loaded import LoadedEmbeddingModel, LoadedModel
@@ -97,6 +97,7 @@ def start_engine(
         return None, embedder
     if model is not None:
         scheduler_config = with_kv_cache(scheduler_config, model.kv_cache, loaded.model)
+        scheduler_config = with_speculative(scheduler_config, model.speculative)
     if loaded.lockstep is None:  # before the engine thread runs it (a shard needs its group)
         loaded.kv_itemsize = probe_kv_itemsize(loaded.model)
     engine = Engine(loaded, scheduler_config)

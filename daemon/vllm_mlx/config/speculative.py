@@ -1,0 +1,56 @@
+"""A model's `speculative` section: prompt-lookup (n-gram) speculative decoding
+(docs/speculative.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import model_validator
+
+from vllm_mlx.config.fields import LocatedError, Reload, Section, setting
+
+MAX_DRAFT_TOKENS = 16
+MAX_NGRAM = 32
+
+
+class SpeculativeSettings(Section):
+    method: Literal["ngram"] | None = setting(
+        None,
+        Reload.MODEL,
+        "`ngram`: prompt lookup, model-free: each greedy request's next tokens are "
+        "proposed from what followed the latest earlier occurrence of its last n tokens "
+        "(prompt and reply), and the model checks them all in one pass; the output is "
+        "the same tokens as without it. Helps when the reply repeats its input (code "
+        "edits, quoting, JSON echoing keys). Unset: off (docs/speculative.md).",
+    )
+    num_tokens: int = setting(
+        4,
+        Reload.MODEL,
+        "Most tokens proposed per request per step (1 to 16).",
+        ge=1,
+        le=MAX_DRAFT_TOKENS,
+    )
+    ngram_min: int = setting(
+        2,
+        Reload.MODEL,
+        "Shortest tail of the sequence looked up for a proposal (1 to 32, at most "
+        "`ngram_max`); 1 proposes after any repeated token, more often wrongly.",
+        ge=1,
+        le=MAX_NGRAM,
+    )
+    ngram_max: int = setting(
+        4,
+        Reload.MODEL,
+        "Longest tail looked up; the longest that matches wins (1 to 32).",
+        ge=1,
+        le=MAX_NGRAM,
+    )
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> SpeculativeSettings:
+        if self.ngram_min > self.ngram_max:
+            raise LocatedError(
+                f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})",
+                ("ngram_min",),
+            )
+        return self

@@ -1,0 +1,245 @@
+"""Prompt-lookup speculative decoding through the real engine: greedy output is token for
+token the output without it, alone and in a batch; stops, max_tokens and the prefix cache
+behave as without it; rows that do not speculate keep their path; off by default."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.speculative import SpeculativeSettings
+from vllm_mlx.engine.cache.rows import BatchKVCache
+from vllm_mlx.engine.engine import Engine
+from vllm_mlx.engine.fleet.registry import start_engine
+from vllm_mlx.engine.output import generate_text
+from vllm_mlx.engine.scheduler import SchedulerConfig
+from vllm_mlx.engine.speculative import verify
+from vllm_mlx.engine.speculative.config import SpeculativeConfig
+from vllm_mlx.engine.speculative.rewind import rewind
+from vllm_mlx.engine.types import (
+    Finished,
+    GenerationRequest,
+    SamplingParams,
+    SequenceFinished,
+    TextDelta,
+    TokensGenerated,
+)
+
+# position_cost 0: every proposal is checked, in batches too (the default plan skips
+# passes it expects to cost more than they save), so every rewind path runs.
+SPEC = SpeculativeConfig(num_tokens=4, ngram_min=2, ngram_max=4, position_cost=0.0)
+CODE = "def area(w, h):\n    return w * h\n\ndef total(items):\n    return sum(items)\n"
+SUBJECTS = ["apples", "rivers", "planets", "violins", "castles", "lanterns"]
+TEMPLATES = [
+    "Repeat this text exactly: the {s} are red, the {s} are blue, the {s} are here.",
+    "Copy this code and rename area to {s}_area:\n" + CODE,
+    "Write the list '{s} 1, {s} 2, {s} 3' and continue it to {s} 9.",
+    "Quote this line three times: I like {s} and {s} like me.",
+]
+PROMPTS = [t.format(s=s) for s in SUBJECTS for t in TEMPLATES]  # 24 prompts
+MAX_TOKENS = 20
+
+
+def chat(engine: Engine, text: str) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    return list(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+async def tokens_of(engine: Engine, request: GenerationRequest) -> tuple[list[int], str, int]:
+    """(generated ids, finish reason, prompt tokens the finished sequence stored)."""
+    out: list[int] = []
+    async for event in engine.events(request):
+        if isinstance(event, TokensGenerated):
+            out.extend(event.tokens)
+        elif isinstance(event, SequenceFinished):
+            return out, event.reason.value, event.cache_stored
+    raise AssertionError("no SequenceFinished")
+
+
+def in_groups(engine: Engine, requests: Sequence[GenerationRequest], size: int) -> list[Any]:
+    """Each group of `size` requests submitted together, groups one after another."""
+
+    async def main() -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, len(requests), size):
+            group = requests[start : start + size]
+            out += await asyncio.gather(*(tokens_of(engine, r) for r in group))
+        return out
+
+    return asyncio.run(main())
+
+
+def greedy(engine: Engine, texts: Sequence[str], max_tokens: int = MAX_TOKENS) -> list[Any]:
+    return [
+        GenerationRequest(f"g{i}", chat(engine, t), max_tokens, SamplingParams())
+        for i, t in enumerate(texts)
+    ]
+
+
+@pytest.fixture(scope="module")
+def speculative(engine: Engine) -> Iterator[Engine]:
+    fresh = Engine(engine.loaded, SchedulerConfig(max_batch_size=8, speculative=SPEC))
+    fresh.start()
+    yield fresh
+    fresh.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(engine: Engine) -> list[Any]:
+    """Every prompt decoded without speculation (8 at a time)."""
+    return in_groups(engine, greedy(engine, PROMPTS), 8)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_output_is_identical_alone_and_in_a_batch(
+    speculative: Engine, reference: list[Any], batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uneven: list[Sequence[int]] = []  # passes whose rows kept different numbers
+
+    def watched(layers: Any, written: int, keep: Sequence[int]) -> None:
+        if len(set(keep)) > 1:
+            uneven.append(keep)
+        rewind(layers, written, keep)
+
+    monkeypatch.setattr(verify, "rewind", watched)
+    stats = speculative.scheduler.stats
+    drafted, accepted = stats.drafted_tokens, stats.accepted_tokens
+    got = in_groups(speculative, greedy(speculative, PROMPTS), batch)
+    for text, want, have in zip(PROMPTS, reference, got, strict=True):
+        assert have[:2] == want[:2], text
+    # Not vacuous: proposals were made and many of them were right.
+    made, right = stats.drafted_tokens - drafted, stats.accepted_tokens - accepted
+    assert made > 40 and right > 0.25 * made, (made, right)
+    assert bool(uneven) == (batch > 1)  # in a batch, rows were moved right (rewind.py)
+    assert stats.speculative_steps > 0
+
+
+async def text_of(engine: Engine, request: GenerationRequest) -> tuple[str, Finished]:
+    parts: list[str] = []
+    async for event in generate_text(engine, request):
+        if isinstance(event, TextDelta):
+            parts.append(event.text)
+        else:
+            return "".join(parts), event
+    raise AssertionError("no Finished")
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "stop"),
+    [(1, ()), (24, ("are blue",)), (24, ("9",))],
+)
+def test_stops_and_max_tokens_end_where_they_would(
+    engine: Engine, speculative: Engine, max_tokens: int, stop: tuple[str, ...]
+) -> None:
+    def requests(target: Engine) -> list[GenerationRequest]:
+        return [
+            GenerationRequest(f"s{i}", chat(target, t), max_tokens, SamplingParams(), stop)
+            for i, t in enumerate(PROMPTS[:3])
+        ]
+
+    async def both(target: Engine) -> list[tuple[str, Finished]]:
+        return list(await asyncio.gather(*(text_of(target, r) for r in requests(target))))
+
+    want, have = asyncio.run(both(engine)), asyncio.run(both(speculative))
+    for (w_text, w_end), (h_text, h_end) in zip(want, have, strict=True):
+        assert h_text == w_text
+        assert (h_end.reason, h_end.stop_sequence, h_end.usage) == (
+            w_end.reason,
+            w_end.stop_sequence,
+            w_end.usage,
+        )
+
+
+def test_the_prefix_cache_holds_only_accepted_kv(engine: Engine) -> None:
+    def started(spec: SpeculativeConfig | None) -> Engine:
+        config = SchedulerConfig(max_batch_size=8, prefix_cache_bytes=64 * 2**20, speculative=spec)
+        fresh = Engine(engine.loaded, config)
+        fresh.start()
+        return fresh
+
+    plain, spec = started(None), started(SPEC)
+    try:
+        prompt = chat(engine, PROMPTS[0])
+        request = GenerationRequest("p", prompt, 40, SamplingParams())
+        (want,) = in_groups(plain, [request], 1)
+        (have,) = in_groups(spec, [request], 1)
+        assert have == want and spec.scheduler.stats.accepted_tokens > 0
+        sequence = [*prompt, *want[0], 0]  # one token past the stored sequence
+
+        def held(target: Engine) -> tuple[int, list[mx.array]]:
+            def read() -> tuple[int, list[mx.array]]:
+                hit = target.scheduler.prefix_cache.lookup(sequence)
+                assert hit.cache is not None
+                arrays = [a[..., : c.offset, :] for c in hit.cache for a in (c.keys, c.values)]
+                mx.eval(arrays)
+                return hit.cached, arrays
+
+            result: tuple[int, list[mx.array]] = target.scheduler.call(read).result(30)
+            return result
+
+        (n_plain, kv_plain), (n_spec, kv_spec) = held(plain), held(spec)
+        assert n_spec == n_plain == len(sequence) - 1
+        assert all(mx.array_equal(a, b).item() for a, b in zip(kv_plain, kv_spec, strict=True))
+    finally:
+        plain.stop()
+        spec.stop()
+
+
+def test_rows_that_do_not_speculate_keep_their_output(engine: Engine, speculative: Engine) -> None:
+    def mixed(target: Engine) -> list[GenerationRequest]:
+        prompt = chat(target, PROMPTS[0])
+        return [
+            GenerationRequest("greedy", prompt, 20, SamplingParams()),
+            GenerationRequest("sampled", prompt, 20, SamplingParams(temperature=0.8, seed=5)),
+            GenerationRequest("logprobs", prompt, 20, SamplingParams(), logprobs=2),
+            GenerationRequest("penalty", prompt, 20, SamplingParams(repetition_penalty=1.3)),
+        ]
+
+    want = in_groups(engine, mixed(engine), 4)
+    before = speculative.scheduler.stats.drafted_tokens
+    have = in_groups(speculative, mixed(speculative), 4)
+    assert [h[:2] for h in have] == [w[:2] for w in want]
+    assert speculative.scheduler.stats.drafted_tokens > before  # the greedy row drafted
+
+
+def test_off_unless_configured(engine: Engine, reference: list[Any]) -> None:
+    assert reference and engine.scheduler.stats.drafted_tokens == 0
+    assert engine.scheduler.stats.speculative_steps == 0
+
+
+def test_a_models_section_turns_it_on(engine: Engine, reference: list[Any]) -> None:
+    section = SpeculativeSettings(method="ngram", num_tokens=3)
+    settings = ModelSettings(
+        name="smol", source="builtin:smollm2-135m-instruct", speculative=section
+    )
+    started, _ = start_engine(engine.loaded, SchedulerConfig(max_batch_size=8), settings)
+    assert started is not None
+    try:
+        (got,) = in_groups(started, greedy(started, PROMPTS[:1], 40), 1)
+        (want,) = in_groups(engine, greedy(engine, PROMPTS[:1], 40), 1)
+        assert got == want
+        assert started.scheduler.stats.drafted_tokens > 0
+    finally:
+        started.stop()
+
+
+def test_rewind_keeps_each_rows_run_and_moves_the_shorter_right() -> None:
+    # Two rows, one padded; a pass wrote 3 positions; row 0 keeps 3, row 1 keeps 1.
+    cache = BatchKVCache([1, 0])
+    cache.update_and_fetch(*([mx.arange(8, dtype=mx.float32).reshape(2, 1, 4, 1)] * 2))
+    stored: Any = cache.keys
+    before = stored[..., :4, :]
+    cache.update_and_fetch(*([mx.full((2, 1, 3, 1), 100.0)] * 2))
+    rewind([cache], written=3, keep=[3, 1])
+    assert cache._idx == 7
+    assert cache.left_padding.tolist() == [1, 2] and cache.offset.tolist() == [6, 5]
+    stored = cache.keys
+    keys = stored[..., :7, 0]
+    assert keys[0, 0, 1:].tolist() == [1.0, 2.0, 3.0, 100.0, 100.0, 100.0]
+    # Row 1: its 4 old positions and its one kept new one, now ending at the index.
+    assert keys[1, 0, 2:].tolist() == [*before[1, 0, :, 0].tolist(), 100.0]
