@@ -109,6 +109,7 @@ def test_greedy_output_is_identical_alone_and_in_a_batch(
     monkeypatch.setattr(verify, "rewind", watched)
     stats = speculative.scheduler.stats
     drafted, accepted = stats.drafted_tokens, stats.accepted_tokens
+    drafts, by_position = stats.drafts, list(stats.accepted_per_position)
     got = in_groups(speculative, greedy(speculative, PROMPTS), batch)
     for text, want, have in zip(PROMPTS, reference, got, strict=True):
         assert have[:2] == want[:2], text
@@ -117,6 +118,37 @@ def test_greedy_output_is_identical_alone_and_in_a_batch(
     assert made > 40 and right > 0.25 * made, (made, right)
     assert bool(uneven) == (batch > 1)  # in a batch, rows were moved right (rewind.py)
     assert stats.speculative_steps > 0
+    # The metrics' counters agree: each accepted token has a position, position k is
+    # accepted only after k - 1 was, and a pass checks at most one proposal per row.
+    per_position = [
+        now - (by_position[k] if k < len(by_position) else 0)
+        for k, now in enumerate(stats.accepted_per_position)
+    ]
+    assert sum(per_position) == right
+    assert per_position == sorted(per_position, reverse=True) and len(per_position) <= 4
+    assert 0 < stats.drafts - drafts <= batch * stats.speculative_steps
+
+
+def test_status_shows_each_speculating_requests_acceptance(speculative: Engine) -> None:
+    scheduler = speculative.scheduler
+    seen: list[list[dict[str, Any]]] = []
+    scheduler.on_step = lambda _prompt, _generated: seen.append(scheduler.snapshot())
+    try:
+        (request,) = greedy(speculative, PROMPTS[:1], max_tokens=40)
+        sampled = GenerationRequest(
+            "s", request.prompt_tokens, 8, SamplingParams(temperature=1.0, seed=3)
+        )
+        in_groups(speculative, [request, sampled], 2)
+    finally:
+        scheduler.on_step = None
+    rows = [row for snapshot in seen for row in snapshot if row["phase"] == "generation"]
+    greedy_rows = [r["speculative"] for r in rows if r["request_id"] == request.request_id]
+    assert greedy_rows and greedy_rows[-1]["drafted_tokens"] > 0
+    last = greedy_rows[-1]
+    assert 0 < last["accepted_tokens"] <= last["drafted_tokens"]
+    assert last["acceptance_rate"] == round(last["accepted_tokens"] / last["drafted_tokens"], 4)
+    # A sampled request does not speculate, and says nothing about it.
+    assert all("speculative" not in r for r in rows if r["request_id"] == "s")
 
 
 async def text_of(engine: Engine, request: GenerationRequest) -> tuple[str, Finished]:

@@ -26,6 +26,7 @@ from vllm_mlx.engine.fleet.registry import LoadState, ModelEntry
 from vllm_mlx.metrics.cache import CacheSample, PrefixCacheCollector
 from vllm_mlx.metrics.core import CONTENT_TYPE
 from vllm_mlx.metrics.live import MemorySample, ModelSample
+from vllm_mlx.metrics.speculative import SpeculativeCollector, SpeculativeSample
 
 GIB = 1024**3
 # The seed's `status` words (a model still loading is "not_loaded"), and "failed".
@@ -319,6 +320,28 @@ def live_sample(state: ServerState) -> tuple[list[ModelSample], MemorySample]:
     return samples, MemorySample(m.active_bytes, m.peak_bytes, m.cache_bytes, m.rss_bytes)
 
 
+def speculative_samples(state: ServerState) -> list[SpeculativeSample]:
+    """Each speculating model's counters (models/engine: plain ints on the engine)."""
+    samples = []
+    for entry in state.registry.entries():
+        if entry.settings.speculative.method is None:
+            continue
+        if entry.engine is None:
+            samples.append(SpeculativeSample(entry.settings.name))
+            continue
+        stats = entry.engine.scheduler.stats
+        samples.append(
+            SpeculativeSample(
+                entry.settings.name,
+                stats.drafts,
+                stats.drafted_tokens,
+                stats.accepted_tokens,
+                tuple(stats.accepted_per_position),
+            )
+        )
+    return samples
+
+
 def cache_samples(state: ServerState) -> list[CacheSample]:
     """Each generation model's prefix cache counters, for /metrics."""
     samples = []
@@ -351,6 +374,7 @@ def install_ops(app: Litestar, state: ServerState) -> None:
         state.metrics.add_model(model.name)
     state.metrics.watch(lambda: live_sample(state))
     state.metrics.registry.register(PrefixCacheCollector(lambda: cache_samples(state)))
+    state.metrics.registry.register(SpeculativeCollector(lambda: speculative_samples(state)))
     known = {route.path for route in app.routes}
     # Litestar wraps asgi_handler the same way for its own CORS middleware; ours runs
     # before routing too, so refusals and unknown paths are counted and shaped.

@@ -126,7 +126,11 @@ class Scheduler:
     def snapshot(self) -> list[dict[str, Any]]:
         """A racy but safe view of the live requests, for /v1/status."""
         now = time.monotonic()
-        return [describe(slot, now) for slot in list(self._slots.values())]
+        spec = self._speculator
+        return [
+            describe(slot, now, spec.acceptance(slot.uid) if spec is not None else None)
+            for slot in list(self._slots.values())
+        ]
 
     @property
     def kv_tokens(self) -> int:

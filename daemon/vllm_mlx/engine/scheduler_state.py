@@ -130,10 +130,13 @@ class SchedulerStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     speculative_steps: int = 0
+    drafts: int = 0  # proposals checked: one per speculating row per pass
+    accepted_per_position: list[int] = field(default_factory=list)  # [k]: k-th accepted
 
 
-def describe(slot: Slot, now: float) -> dict[str, Any]:
-    """One live request for /v1/status: phase, progress and speed so far."""
+def describe(slot: Slot, now: float, speculated: tuple[int, int] | None = None) -> dict[str, Any]:
+    """One live request for /v1/status: phase, progress and speed so far, and for a
+    speculating request its (proposed, accepted) tokens."""
     request = slot.request
     prompt_len = len(request.prompt_tokens)
     ttft = None if slot.first_token_at is None else slot.first_token_at - request.arrived_at
@@ -159,7 +162,16 @@ def describe(slot: Slot, now: float) -> dict[str, Any]:
         "ttft_s": None if ttft is None else round(ttft, 4),
         "progress": round(min(1.0, progress), 4),
         "elapsed_s": round(now - request.arrived_at, 3),
-    }
+    } | _speculation(speculated)
+
+
+def _speculation(counts: tuple[int, int] | None) -> dict[str, Any]:
+    if counts is None:
+        return {}
+    drafted, accepted = counts
+    rate = round(accepted / drafted, 4) if drafted else None
+    block = {"drafted_tokens": drafted, "accepted_tokens": accepted, "acceptance_rate": rate}
+    return {"speculative": block}
 
 
 def scheduler_config(engine: EngineSettings, cache_dir: Path | None = None) -> SchedulerConfig:

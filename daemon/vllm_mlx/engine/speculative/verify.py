@@ -41,6 +41,8 @@ class Counters(Protocol):
     drafted_tokens: int
     accepted_tokens: int
     speculative_steps: int
+    drafts: int  # proposals checked (a row's proposal in one pass is one)
+    accepted_per_position: list[int]  # [k]: proposals whose token k was accepted
 
 
 def model_supports(model: Any) -> bool:
@@ -73,6 +75,8 @@ class _Row:
     rate: float = 0.6  # recent fraction of its proposed tokens accepted
     misses: int = 0  # verify steps in a row that accepted nothing
     pause: int = 0  # steps left before it proposes again
+    drafted: int = 0  # this request's proposed tokens so far (for /v1/status)
+    accepted: int = 0  # and of them accepted
 
     def update(self, drafted: int, accepted: int, most: int) -> None:
         self.rate = 0.7 * self.rate + 0.3 * accepted / drafted
@@ -106,6 +110,14 @@ class Speculator:
 
     def forget(self, uid: int) -> None:
         self._rows.pop(uid, None)
+
+    def acceptance(self, uid: int) -> tuple[int, int] | None:
+        """A speculating request's (proposed, accepted) tokens so far; None for a request
+        that does not speculate. Read from other threads: two plain ints."""
+        if uid not in self._rows:
+            return None
+        row = self._rows.get(uid)
+        return (0, 0) if row is None else (row.drafted, row.accepted)
 
     def step(self, batch: Any) -> list[Any] | None:
         """The batch's responses for a verify step, or None: take the normal step."""
@@ -192,11 +204,8 @@ class Speculator:
             upcoming.append(best[i][n])
             accepted_at[i] = n
             rows[i].update(len(proposal), n, self.config.num_tokens)
-            self.counters.drafted_tokens += len(proposal)
         finish = [_apply_stops(batch, i, tokens) for i, tokens in enumerate(emitted)]
-        for i in accepted_at:
-            self.counters.accepted_tokens += len(emitted[i]) - 1
-        self.counters.speculative_steps += 1
+        self._count(drafts, emitted, rows)
         rewind(batch.prompt_cache, width, [len(tokens) for tokens in emitted])
         for record, tokens in zip(batch.tokens, emitted, strict=True):
             record.extend(tokens)
@@ -207,6 +216,26 @@ class Speculator:
         current = batch._current_logprobs
         batch._next_logprobs = next_logprobs
         return _responses(batch, emitted, finish, current, logits)
+
+    def _count(
+        self, drafts: dict[int, list[int]], emitted: list[list[int]], rows: dict[int, _Row]
+    ) -> None:
+        """The engine's and each request's counters for one pass. A token counts as
+        accepted when it was emitted: a stop inside an accepted run cuts the rest."""
+        counters = self.counters
+        counters.speculative_steps += 1
+        counters.drafts += len(drafts)
+        per_position = counters.accepted_per_position
+        for i, proposal in drafts.items():
+            accepted = len(emitted[i]) - 1
+            counters.drafted_tokens += len(proposal)
+            counters.accepted_tokens += accepted
+            rows[i].drafted += len(proposal)
+            rows[i].accepted += accepted
+            if len(per_position) < len(proposal):
+                per_position.extend([0] * (len(proposal) - len(per_position)))
+            for position in range(accepted):
+                per_position[position] += 1
 
 
 def _apply_stops(batch: Any, i: int, tokens: list[int]) -> str | None:

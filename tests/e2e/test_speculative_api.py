@@ -1,0 +1,74 @@
+"""Prompt-lookup speculative decoding on a real daemon, through the OpenAI SDK: the same
+greedy text as the same weights without it (streamed and whole), and vLLM's
+spec_decode counters on /metrics for the model that speculates only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import DaemonProcess, running
+from tests.e2e.ops_support import scrape, value
+
+SPEC, PLAIN = "spec", "plain"
+SOURCE = "builtin:smollm2-135m-instruct"
+PROMPT = (
+    "Copy this code exactly:\n"
+    "def area(w, h):\n    return w * h\n\ndef total(items):\n    return sum(items)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
+) -> Iterator[DaemonProcess]:
+    config = {
+        "models": [
+            {"name": SPEC, "source": SOURCE,
+             "speculative": {"method": "ngram", "num_tokens": 4}},
+            {"name": PLAIN, "source": SOURCE, "load": "startup"},
+        ],
+        "metrics": {"enabled": True},
+    }  # fmt: skip
+    with running(tmp_path_factory.mktemp("speculative"), model_cache_dir, config) as process:
+        yield process
+
+
+def test_same_text_and_the_counters(daemon: DaemonProcess) -> None:
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": PROMPT}]
+
+    def whole(model: str) -> str:
+        done = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=48,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        return done.choices[0].message.content or ""
+
+    stream = client.chat.completions.create(
+        model=SPEC,
+        messages=messages,
+        max_tokens=48,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    plain = whole(PLAIN)
+    assert whole(SPEC) == streamed == plain and "return w * h" in plain
+
+    metrics = scrape(daemon)
+    drafted = value(metrics, "vllm:spec_decode_num_draft_tokens_total", model_name=SPEC)
+    accepted = value(metrics, "vllm:spec_decode_num_accepted_tokens_total", model_name=SPEC)
+    first = value(
+        metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        model_name=SPEC, position="0",
+    )  # fmt: skip
+    assert drafted > 0 and 0 < accepted <= drafted and 0 < first <= accepted
+    assert value(metrics, "vllm:spec_decode_num_drafts_total", model_name=SPEC) >= first
+    assert not [key for key in metrics if "spec_decode" in key[0] and (
+        ("model_name", PLAIN) in key[1])]  # fmt: skip
