@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -72,3 +73,37 @@ def test_same_text_and_the_counters(daemon: DaemonProcess) -> None:
     assert value(metrics, "vllm:spec_decode_num_drafts_total", model_name=SPEC) >= first
     assert not [key for key in metrics if "spec_decode" in key[0] and (
         ("model_name", PLAIN) in key[1])]  # fmt: skip
+
+
+def test_a_request_opts_out(daemon: DaemonProcess) -> None:
+    def drafts() -> float:
+        return value(scrape(daemon), "vllm:spec_decode_num_drafts_total", model_name=SPEC)
+
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": PROMPT}]
+    kwargs = {"messages": messages, "max_tokens": 48, "temperature": 0}
+    before = drafts()
+    out = client.chat.completions.create(model=SPEC, extra_body={"speculative": False}, **kwargs)  # type: ignore[call-overload]
+    plain = client.chat.completions.create(model=PLAIN, **kwargs)  # type: ignore[call-overload]
+    assert out.choices[0].message.content == plain.choices[0].message.content
+    anthropic_body = {"model": SPEC, "max_tokens": 16, "temperature": 0,
+                      "messages": messages, "speculative": False}  # fmt: skip
+    response = httpx.post(f"{daemon.base_url}/v1/messages", json=anthropic_body, timeout=120)
+    assert response.status_code == 200, response.text
+    completions = httpx.post(
+        f"{daemon.base_url}/v1/completions",
+        json={"model": SPEC, "prompt": PROMPT, "max_tokens": 16, "speculative": False},
+        timeout=120,
+    )
+    assert completions.status_code == 200, completions.text
+    assert drafts() == before  # none of them drafted
+    # Not a bool: the protocol's own 400, naming the field.
+    for path, body in (
+        ("/v1/chat/completions", {"model": SPEC, "messages": messages, "speculative": "no"}),
+        ("/v1/messages", {**anthropic_body, "speculative": 0}),
+    ):
+        bad = httpx.post(f"{daemon.base_url}{path}", json=body, timeout=30)
+        assert bad.status_code == 400, bad.text
+        assert "speculative" in bad.text
+    client.chat.completions.create(model=SPEC, **kwargs)  # type: ignore[call-overload]
+    assert drafts() > before  # and without the opt-out it drafts again

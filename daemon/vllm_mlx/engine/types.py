@@ -132,6 +132,8 @@ class GenerationRequest:
     adapter: str | None = None
     # A prompt with images: its tiles, whose placeholder ids the prompt tokens hold.
     vision: ImageTiles | None = None
+    # False: never drafts, even on a model with `speculative` on (the request's opt-out).
+    speculative: bool = True
 
 
 # Events the engine thread posts to a request's queue (token ids, not text: the

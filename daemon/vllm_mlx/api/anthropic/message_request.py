@@ -35,7 +35,13 @@ async def message_generation(turn: Turn, body: MessagesRequest) -> MessageGenera
     constraint = await structured.request_constraint(
         turn, prompt, convert.output_constraint(body), forced
     )
-    plan = RequestPlan(max_tokens, sampling, body.stop_tuple(), constraint=constraint)
+    plan = RequestPlan(
+        max_tokens,
+        sampling,
+        body.stop_tuple(),
+        constraint=constraint,
+        speculative=body.speculative is not False,
+    )
     gen = turn.request(new_id("msg_"), prompt, plan)
     parser = structured.output_parser(turn, prompt, forced, prompt_fields.tool_specs or None)
     # disable_parallel_tool_use: the first call only

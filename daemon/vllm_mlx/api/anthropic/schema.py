@@ -226,6 +226,9 @@ class MessagesRequest(PromptFields):
     # Structured outputs: output_config.format (current SDKs) or the older beta field.
     output_config: OutputConfig | None = None
     output_format: JsonOutputFormat | None = None
+    # false: this request never drafts, on a model with `speculative` on
+    # (docs/speculative.md); true or unset: the model's setting.
+    speculative: bool | None = None
 
     @field_validator("temperature", "top_p", "top_k", mode="before")
     @classmethod

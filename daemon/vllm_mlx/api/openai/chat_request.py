@@ -68,6 +68,7 @@ async def chat_generation(
         constraint,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         logprobs_raw=body.logprobs_mode == "raw_logprobs",
+        speculative=body.speculative is not False,
     )
     tools = convert.tool_specs(convert.offered_tools(body))
     max_calls = 1 if body.parallel_tool_calls is False else None

@@ -75,6 +75,7 @@ async def _base_request(
         logprobs=body.logprobs,
         logprobs_raw=body.logprobs_mode == "raw_logprobs",
         prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
+        speculative=body.speculative is not False,
     )
     return turn.request(request_id, prompt, plan)
 

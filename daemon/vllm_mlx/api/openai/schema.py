@@ -153,6 +153,9 @@ class _SamplingFields(_Request):
     guided_grammar: str | None = None
     # vLLM's extra: which distribution logprobs report (docs/api.md).
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] | None = None
+    # false: this request never drafts, on a model with `speculative` on
+    # (docs/speculative.md); true or unset: the model's setting.
+    speculative: bool | None = None
 
     @field_validator("stop")
     @classmethod

@@ -140,6 +140,7 @@ class Turn:
             shared=plan.shared,
             adapter=self.adapter,
             vision=prompt.vision,
+            speculative=plan.speculative,
         )
 
 
@@ -166,6 +167,7 @@ class RequestPlan:
     logprobs_raw: bool = False
     prompt_logprobs: int | None = None
     shared: SharedPrefill | None = None
+    speculative: bool = True  # the request's `speculative: false` opts out
 
 
 # What a model of each other task is, and the routes it does serve (for the 400).

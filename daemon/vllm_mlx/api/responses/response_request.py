@@ -67,7 +67,10 @@ async def response_generation(
     constraint = await structured.request_constraint(
         turn, prompt, convert.output_constraint(body), forced
     )
-    gen = turn.request(request_id, prompt, RequestPlan(max_tokens, sampling, constraint=constraint))
+    plan = RequestPlan(
+        max_tokens, sampling, constraint=constraint, speculative=body.speculative is not False
+    )
+    gen = turn.request(request_id, prompt, plan)
     parser = structured.output_parser(turn, prompt, forced, offered.specs or None)
 
     def count_tokens(text: str) -> int:

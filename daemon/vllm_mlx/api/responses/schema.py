@@ -150,6 +150,9 @@ class CreateResponseRequest(_Wire):
     metadata: dict[str, str] | None = None
     prompt_cache_key: str | None = None
     user: str | None = None
+    # false: this request never drafts, on a model with `speculative` on
+    # (docs/speculative.md); true or unset: the model's setting.
+    speculative: bool | None = None
     safety_identifier: str | None = None
     client_metadata: dict[str, Any] | None = None
     service_tier: str | None = None

@@ -60,6 +60,7 @@ def eligible(request: GenerationRequest, sampler: Any, processors: Sequence[Any]
         and request.logprobs is None
         and request.adapter is None
         and request.vision is None
+        and request.speculative
     )
 
 
