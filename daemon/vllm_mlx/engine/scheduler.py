@@ -44,7 +44,7 @@ from vllm_mlx.engine.scheduler_state import (
 
 # Re-exported: the engine's users import the config from here.
 from vllm_mlx.engine.scheduler_state import SchedulerConfig as SchedulerConfig
-from vllm_mlx.engine.slot_setup import slot_processors, slot_sampler
+from vllm_mlx.engine.slot_setup import slot_processors, slot_refusal, slot_sampler
 from vllm_mlx.engine.speculative.verify import Speculator, eligible, model_supports
 from vllm_mlx.engine.types import (
     EngineEvent,
@@ -55,7 +55,7 @@ from vllm_mlx.engine.types import (
     TokensGenerated,
 )
 from vllm_mlx.engine.vision_stage import VisionStage
-from vllm_mlx.models.lora import adapter_refusal, routing
+from vllm_mlx.models.lora import routing
 from vllm_mlx.models.vision import VisionTower
 
 log = structlog.get_logger(__name__)
@@ -223,30 +223,10 @@ class Scheduler:
             except queue.Empty:
                 return True
 
-    def _refusal(self, request: GenerationRequest) -> str | None:
-        """Why the engine will not run this request (the API checks first; this is the
-        engine's own guard, so no caller can put a bad value into a shared step)."""
-        for _, message in request.sampling.problems(self.vocab_size):
-            return message
-        if request.adapter is not None and (
-            refused := adapter_refusal(self._model, request.adapter)
-        ):
-            return refused
-        if request.max_tokens < 1 and request.prompt_logprobs is None:  # 0: score only
-            return "max_tokens must be at least 1"
-        if request.vision is not None:
-            if self.vision is None:
-                return "this model does not accept images"
-            return self.vision.refusal(request, self.vocab_size)
-        tokens = request.prompt_tokens
-        if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
-            return f"the prompt has token ids outside the vocabulary (0 to {self.vocab_size - 1})"
-        return None
-
     def _add(self, command: AddCommand) -> None:
         request = command.request
         assert self._generator is not None
-        refusal = self._refusal(request)
+        refusal = slot_refusal(request, self._model, self.vocab_size, self.vision)
         if refusal is not None:
             command.sink(SequenceFinished(FinishReason.ERROR, refusal, refused=True))
             return

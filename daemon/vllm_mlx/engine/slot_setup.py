@@ -1,6 +1,9 @@
-"""The sampler and logits processors one request brings into the batch."""
+"""What one request brings into the batch (its sampler and logits processors), and the
+engine's own check that it may join at all."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from mlx_lm.sample_utils import greedy_sampler
 
@@ -16,6 +19,8 @@ from vllm_mlx.engine.sampling import (
 )
 from vllm_mlx.engine.scheduler_state import Lockstep
 from vllm_mlx.engine.types import GenerationRequest
+from vllm_mlx.engine.vision_stage import VisionStage
+from vllm_mlx.models.lora import adapter_refusal
 
 
 def slot_sampler(
@@ -36,3 +41,24 @@ def slot_processors(request: GenerationRequest, fault: Fault) -> list[LogitsProc
     if request.logprobs is not None and request.logprobs_raw and guarded:
         guarded.insert(0, RawCapture())  # first, so it sees the logits unchanged
     return guarded
+
+
+def slot_refusal(
+    request: GenerationRequest, model: Any, vocab_size: int, vision: VisionStage | None
+) -> str | None:
+    """Why the engine will not run this request (the API checks first; this is the
+    engine's own guard, so no caller can put a bad value into a shared step)."""
+    for _, message in request.sampling.problems(vocab_size):
+        return message
+    if request.adapter is not None and (refused := adapter_refusal(model, request.adapter)):
+        return refused
+    if request.max_tokens < 1 and request.prompt_logprobs is None:  # 0: score only
+        return "max_tokens must be at least 1"
+    if request.vision is not None:
+        if vision is None:
+            return "this model does not accept images"
+        return vision.refusal(request, vocab_size)
+    tokens = request.prompt_tokens
+    if tokens and (min(tokens) < 0 or max(tokens) >= vocab_size):
+        return f"the prompt has token ids outside the vocabulary (0 to {vocab_size - 1})"
+    return None
