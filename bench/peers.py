@@ -131,7 +131,9 @@ def mlx_lm_spec(model_dir: Path, label: str, preload: str | None) -> PeerSpec:
     return PeerSpec("mlx_lm.server", label, command, env, model_id=str(model_dir), port=port)
 
 
-def llama_server_spec(binary: str | None, gguf: Path, slots: int, threads: int) -> PeerSpec:
+def llama_server_spec(
+    binary: str | None, gguf: Path, slots: int, threads: int, context_per_slot: int = 3072
+) -> PeerSpec:
     found = binary or shutil.which("llama-server")
     label = f"llama-server ({gguf.name}, -np {slots} -t {threads})"
     if not found or not Path(found).exists():
@@ -139,7 +141,8 @@ def llama_server_spec(binary: str | None, gguf: Path, slots: int, threads: int) 
     port = free_port()
     command = (
         found, "-m", str(gguf), "--port", str(port), "--host", "127.0.0.1",
-        "-np", str(slots), "-t", str(threads), "-c", str(slots * 3072), "--no-webui",
+        "-np", str(slots), "-t", str(threads), "-c", str(slots * context_per_slot),
+        "--no-webui",
     )  # fmt: skip
     return PeerSpec("llama-server", label, command, port=port)
 

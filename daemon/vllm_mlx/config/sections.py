@@ -112,6 +112,17 @@ class EngineSettings(Section):
     prefill_step_size: int = setting(
         512, Reload.MODEL, "Prompt tokens processed per step per prompt.", ge=16
     )
+    max_prefill_stall: float | None = setting(
+        1.0,
+        Reload.MODEL,
+        "While sequences are decoding, each step's prefill chunk is sized to take about "
+        "this many decode steps' time, so running streams' gap between tokens stays "
+        "within about (1 + this) times their usual one while a long prompt is read; the "
+        "prompt gets this / (1 + this) of the time. null: always `prefill_step_size` "
+        "tokens (streams stall for a whole chunk). Not applied in a distributed group.",
+        ge=0.1,
+        le=100,
+    )
     stream_interval: int = setting(
         1, Reload.HOT, "Tokens gathered before a streamed chunk is sent.", ge=1, le=1024
     )

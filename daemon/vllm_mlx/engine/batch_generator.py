@@ -19,17 +19,20 @@ and stop conditions are mlx-lm's own, unchanged.
 
 With a `speculator` (a model's `speculative` section), a step where opted-in rows have
 prompt-lookup proposals is a verify step instead (engine/speculative/verify.py); any
-other step is the one above.
+other step is the one above. With a `pacer`, each step's prefill chunk is sized by time
+while sequences decode (engine/prefill_pacing.py).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
+from vllm_mlx.engine.prefill_pacing import PrefillPacer
 from vllm_mlx.engine.speculative.verify import Speculator
 
 
@@ -98,8 +101,33 @@ class LeanBatchGenerator(BatchGenerator):
     """BatchGenerator whose decode batch is a LeanGenerationBatch (new sequences take
     mlx-lm's first step, then join it through `extend`)."""
 
-    def __init__(self, model: Any, speculator: Speculator | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        speculator: Speculator | None = None,
+        pacer: PrefillPacer | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, **kwargs)
         self._generation_batch = LeanGenerationBatch.empty(self.model, self.sampler)
         self._generation_batch.speculator = speculator
         self.speculator = speculator
+        self.pacer = pacer
+
+    def _next(self) -> tuple[list[Any], list[Any]]:
+        pacer = self.pacer
+        if pacer is None:
+            return super()._next()  # type: ignore[no-untyped-call,no-any-return]
+        decoding = len(self._generation_batch) > 0
+        prompts = len(self._prompt_batch) + len(self._unprocessed_sequences)
+        chunk = pacer.chunk(decoding, min(prompts, self.prefill_batch_size))
+        # mlx-lm cuts each prompt's next piece by the generator's size, and the prompt
+        # batch loops over that piece by its own: both follow the pacer.
+        self.prefill_step_size = chunk
+        self._prompt_batch.prefill_step_size = chunk
+        before = self._counters.prompt_tokens
+        started = time.perf_counter()
+        prompt_responses, generation_responses = super()._next()  # type: ignore[no-untyped-call]
+        processed = self._counters.prompt_tokens - before
+        pacer.observe(time.perf_counter() - started, processed, bool(generation_responses))
+        return prompt_responses, generation_responses

@@ -26,6 +26,7 @@ from vllm_mlx.engine.cache.factory import make_prefix_cache
 from vllm_mlx.engine.cache.rows import row_caches
 from vllm_mlx.engine.fleet.heap import release_free_memory
 from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
+from vllm_mlx.engine.prefill_pacing import PrefillPacer
 from vllm_mlx.engine.sampling import Fault
 from vllm_mlx.engine.scheduler_state import (
     AbortCommand,
@@ -160,9 +161,15 @@ class Scheduler:
         self._speculator = None
         if self._speculates and self._config.speculative is not None:
             self._speculator = Speculator(self._config.speculative, self.stats)
+        stall = self._config.max_prefill_stall
+        pacer = None
+        # Every rank of a distributed group must cut prompts alike: no timing there.
+        if stall is not None and self.lockstep is None:
+            pacer = PrefillPacer(self._config.prefill_step_size, stall)
         return LeanBatchGenerator(
             self._model,
             speculator=self._speculator,
+            pacer=pacer,
             stop_tokens=[[t] for t in sorted(self._eos)],
             completion_batch_size=self._config.max_batch_size,
             prefill_batch_size=min(self._config.prefill_batch_size, self._config.max_batch_size),

@@ -111,6 +111,9 @@ class SchedulerConfig:
     max_batch_size: int = 32
     prefill_batch_size: int = 16
     prefill_step_size: int = 512
+    # A prefill chunk beside decoding takes about this many decode steps (None: the
+    # whole prefill_step_size; engine/prefill_pacing.py).
+    max_prefill_stall: float | None = 1.0
     prefix_cache_bytes: int = 0  # 0 = no prefix cache
     paged_cache: bool = False  # token-block prefix cache (engine/cache/paged.py)
     disk_cache_bytes: int = 0  # the paged cache's disk tier, per model (0 = off)
@@ -184,12 +187,13 @@ def scheduler_config(engine: EngineSettings, cache_dir: Path | None = None) -> S
     if not engine.continuous_batching:
         # Simple mode: one sequence at a time; the rest wait in the generator's queue.
         return SchedulerConfig(
-            1, 1, engine.prefill_step_size, cache_bytes, paged, disk_bytes, disk_dir
+            1, 1, engine.prefill_step_size, None, cache_bytes, paged, disk_bytes, disk_dir
         )
     return SchedulerConfig(
         engine.max_batch_size,
         engine.prefill_batch_size,
         engine.prefill_step_size,
+        engine.max_prefill_stall,
         cache_bytes,
         paged,
         disk_bytes,

@@ -1,0 +1,252 @@
+"""Prefill against the peers, side by side in one run (issue 29).
+
+    python bench/prefill.py --llama-server /path/llama-server --mlx-lm --rounds 2
+
+Two scenarios, every server on the bundled model (vllm-mlx and mlx_lm.server on its
+mlx-lm directory, llama-server on the GGUF it came from):
+
+- **time to first token** of one request at ~512, ~2k and ~4k prompt tokens, each
+  prompt distinct from its first tokens (no server can reuse a cached prefix), one
+  token generated; the servers' order rotates each round so load drift favours none;
+- **stall**: 8 streams decode; once each has streamed a while, a ~4k-token prompt
+  arrives; the streams' gaps between tokens while it is read (p50, p99, max) against
+  their median before it, for vllm-mlx with prefill pacing (`engine.max_prefill_stall`,
+  the default) and without (`null`), and llama-server.
+
+Prints markdown with the raw numbers, the CPU and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+from bench.machine import describe, load_average
+from bench.peers import (
+    PeerSpec,
+    float32_directory,
+    llama_server_spec,
+    mlx_lm_spec,
+    model_directory,
+    running,
+    vllm_mlx_spec,
+)
+from bench.prompts import TOPICS, _document
+from bench.stats import percentile
+
+LENGTHS = (512, 2048, 4096)
+STREAMS = 8
+STREAM_TOKENS = 2000  # more than any stream needs: the streams are cut off at the end
+WARM_CHUNKS = 24  # tokens each stream shows before the long prompt arrives
+
+
+def long_prompt(tokens: int, seed: int) -> list[dict[str, str]]:
+    """About `tokens` prompt tokens, distinct from the first tokens for each seed."""
+    report = _document(tokens - 40, seed)
+    return [
+        {"role": "system", "content": f"Session {seed}: you summarise reports."},
+        {"role": "user", "content": f"{report}\n\nSummarise the report above in one line."},
+    ]
+
+
+async def time_one(base_url: str, model: str, messages: list[dict[str, str]]) -> tuple[float, int]:
+    """Seconds to a one-token completion, and the prompt tokens the server counted."""
+    body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}
+    async with httpx.AsyncClient(timeout=900) as client:
+        started = time.perf_counter()
+        reply = await client.post(f"{base_url}/v1/chat/completions", json=body)
+        elapsed = time.perf_counter() - started
+    reply.raise_for_status()
+    return elapsed, int(reply.json()["usage"]["prompt_tokens"])
+
+
+def ttft_table(live: list[PeerSpec], rounds: int) -> None:
+    print("### Time to first token, one request, distinct prompts\n")
+    print("| round | server | prompt tokens | seconds | prompt tok/s |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    times: dict[tuple[str, int], list[float]] = {}
+    for r in range(rounds):
+        shift = r % len(live)
+        for spec in live[shift:] + live[:shift]:
+            for length in LENGTHS:
+                seed = 7000 + 100 * r + length // 512
+                seconds, counted = asyncio.run(
+                    time_one(spec.base_url, spec.model_id, long_prompt(length, seed))
+                )
+                times.setdefault((spec.label, length), []).append(seconds)
+                print(
+                    f"| {r + 1} | {spec.label} | {counted} | {seconds:.2f} "
+                    f"| {counted / seconds:.0f} |",
+                    flush=True,
+                )
+    print()
+    first = live[0].label
+    for length in LENGTHS:
+        ours = statistics.mean(times[(first, length)])
+        ratios = ", ".join(
+            f"{first} / {spec.label} speed = "
+            f"{statistics.mean(times[(spec.label, length)]) / ours:.2f}x"
+            for spec in live[1:]
+        )
+        print(f"- ~{length} tokens (mean of {rounds}): {ratios or 'no peers'}")
+    longest, shortest = (
+        statistics.mean(times[(first, LENGTHS[-1])]),
+        statistics.mean(times[(first, LENGTHS[0])]),
+    )
+    print(
+        f"- {first}: the {LENGTHS[-1]} / {LENGTHS[0]} time ratio is {longest / shortest:.1f}x "
+        f"for {LENGTHS[-1] / LENGTHS[0]:.0f}x the tokens\n"
+    )
+
+
+@dataclass
+class Stream:
+    chunk_times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+async def stream_into(client: httpx.AsyncClient, spec: PeerSpec, index: int, into: Stream) -> None:
+    body: dict[str, Any] = {
+        "model": spec.model_id,
+        "messages": [
+            {
+                "role": "user",
+                "content": f"Stream {index}: write a long story about "
+                f"{TOPICS[index % len(TOPICS)]}.",
+            },
+        ],
+        "max_tokens": STREAM_TOKENS,
+        "temperature": 0,
+        "stream": True,
+    }
+    try:
+        async with client.stream("POST", f"{spec.base_url}/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                    choices = json.loads(line[5:]).get("choices") or [{}]
+                    if (choices[0].get("delta") or {}).get("content"):
+                        into.chunk_times.append(time.perf_counter())
+    except httpx.HTTPError as exc:
+        into.error = f"{type(exc).__name__}: {exc}"
+
+
+async def stall(spec: PeerSpec, length: int, seed: int) -> dict[str, float]:
+    streams = [Stream() for _ in range(STREAMS)]
+    async with httpx.AsyncClient(timeout=900) as client:
+        tasks = [
+            asyncio.create_task(stream_into(client, spec, 50 * seed + i, s))
+            for i, s in enumerate(streams)
+        ]
+        while min(len(s.chunk_times) for s in streams) < WARM_CHUNKS:
+            if any(t.done() for t in tasks):
+                raise RuntimeError(f"{spec.label}: a stream ended before the long prompt")
+            await asyncio.sleep(0.05)  # polling a condition on the streams, not timing
+        arrived = time.perf_counter()
+        seconds, counted = await time_one(spec.base_url, spec.model_id, long_prompt(length, seed))
+        read = arrived + seconds
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    before, during = [], []
+    for s in streams:
+        for a, b in zip(s.chunk_times, s.chunk_times[1:], strict=False):
+            if b <= arrived:
+                before.append(b - a)
+            elif b <= read:
+                during.append(b - a)
+    usual = statistics.median(before)
+    return {
+        "prompt_tokens": counted,
+        "ttft": seconds,
+        "usual": usual,
+        "p50": percentile(during, 50),
+        "p99": percentile(during, 99),
+        "max": max(during) if during else float("nan"),
+        "gaps": len(during),
+    }
+
+
+def stall_table(specs: list[PeerSpec], work: Path, rounds: int) -> None:
+    print(f"### {STREAMS} streams decoding while a ~{LENGTHS[-1]}-token prompt is read\n")
+    print(
+        "| round | server | prompt tokens | its TTFT s | streams' gap before, median ms "
+        "| gap while read p50 / p99 / max ms | p99 / median before | gaps |"
+    )
+    print("| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |")
+    for r in range(rounds):
+        shift = r % len(specs)
+        for spec in specs[shift:] + specs[:shift]:
+            with running(spec, work / f"stall-{spec.name}-{spec.port}-{r}.log") as live:
+                row = asyncio.run(stall(live, LENGTHS[-1], 9000 + r))
+            print(
+                f"| {r + 1} | {spec.label} | {row['prompt_tokens']:.0f} | {row['ttft']:.1f} "
+                f"| {1000 * row['usual']:.0f} | {1000 * row['p50']:.0f} / "
+                f"{1000 * row['p99']:.0f} / {1000 * row['max']:.0f} "
+                f"| {row['p99'] / row['usual']:.1f}x | {row['gaps']:.0f} |",
+                flush=True,
+            )
+    print()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server -t")
+    parser.add_argument("--mlx-lm", action="store_true", help="also mlx_lm.server (float32)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip-ttft", action="store_true")
+    parser.add_argument("--skip-stall", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="vllm-mlx-prefill-"))
+    model_dir = model_directory()
+    print(f"machine: {json.dumps(describe('auto'))}\n\nload average at start: {load_average()}\n")
+    peers: list[PeerSpec] = []
+    llama: PeerSpec | None = None
+    if args.llama_server:
+        from vllm_mlx.models.sources import builtin_path
+
+        gguf = builtin_path("smollm2-135m-instruct")
+        llama = llama_server_spec(args.llama_server, gguf, STREAMS + 1, args.threads, 5120)
+        peers.append(llama)
+    if args.mlx_lm:
+        from vllm_mlx.models.cpu import blas
+
+        choice = blas.configure("auto")  # only to hand mlx_lm.server the same BLAS
+        f32_dir = float32_directory(model_dir, work.parent / "bench-models")
+        peers.append(mlx_lm_spec(f32_dir, "mlx_lm.server (float32)", choice.path))
+    for spec in peers:
+        if spec.skip:
+            print(f"- skipped {spec.label}: {spec.skip}")
+    peers = [spec for spec in peers if not spec.skip]
+    ours = vllm_mlx_spec(work, model_dir, "vllm-mlx")
+    if not args.skip_ttft:
+        with ExitStack() as stack:
+            live = [stack.enter_context(running(s, work / f"{s.name}-{s.port}.log"))
+                    for s in [ours, *peers]]  # fmt: skip
+            ttft_table(live, args.rounds)
+    if not args.skip_stall:
+        unpaced = vllm_mlx_spec(
+            work, model_dir, "vllm-mlx, max_prefill_stall: null",
+            engine={"max_prefill_stall": None},
+        )  # fmt: skip
+        paced = vllm_mlx_spec(work, model_dir, "vllm-mlx, max_prefill_stall: 1.0 (default)")
+        stall_table([paced, unpaced, *([llama] if llama and not llama.skip else [])], work, 1)
+    print(f"load average at end: {load_average()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
