@@ -158,17 +158,20 @@ def test_batched_inputs_and_the_prefill_path() -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", isas())
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_dequantize_is_mlx_bit_for_bit(
-    bits: int, group_size: int, scale_dtype: mx.Dtype, n_threads: int, threads: None
+    bits: int, group_size: int, scale_dtype: mx.Dtype, n_threads: int, isa: str, threads: None
 ) -> None:
     """The prefill path's weights: the floats mx.dequantize writes, to the last bit (MLX
-    computes s * q + b in the scales' type), on one thread or several."""
+    computes s * q + b in the scales' type), on one thread or several, with each
+    instruction set's loop (AVX-512 looks 4-bit weights up by a permute)."""
     qmm.set_threads(n_threads)
     ext = qmm.extension()
+    ext.set_isa(isa)
     ext.set_parallel_min(0)
     key = mx.random.key(bits * 1000 + group_size)
     # Wide and tiny values: float16 overflow, subnormals and ties are all reached.
