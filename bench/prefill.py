@@ -48,29 +48,54 @@ from bench.prompts import TOPICS, _document
 from bench.stats import percentile
 
 LENGTHS = (512, 2048, 4096)
+# Seeds differ from run to run: no cache kept on disk (a peer's, or ours if a run
+# forgets its private cache_dir) can serve a prompt from an earlier run.
+RUN = int(time.time()) % 10_000 * 1_000
 STREAMS = 8
 STREAM_TOKENS = 2000  # more than any stream needs: the streams are cut off at the end
 WARM_CHUNKS = 24  # tokens each stream shows before the long prompt arrives
 
 
 def long_prompt(tokens: int, seed: int) -> list[dict[str, str]]:
-    """About `tokens` prompt tokens, distinct from the first tokens for each seed."""
-    report = _document(tokens - 40, seed)
+    """About `tokens` prompt tokens; the run and the seed lead the prompt, so no two
+    prompts share more than the chat template's first few tokens."""
+    report = _document(tokens - 40, seed % 1000)
     return [
-        {"role": "system", "content": f"Session {seed}: you summarise reports."},
+        {"role": "system", "content": f"Session {RUN + seed}: you summarise reports."},
         {"role": "user", "content": f"{report}\n\nSummarise the report above in one line."},
     ]
 
 
 async def time_one(base_url: str, model: str, messages: list[dict[str, str]]) -> tuple[float, int]:
-    """Seconds to a one-token completion, and the prompt tokens the server counted."""
-    body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}
+    """Seconds to the first streamed token, and the prompt tokens the server counted.
+    Two tokens are asked for: with one, a server may end the request (store its cache)
+    before it sends the token."""
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": 2,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    first, counted = None, 0
     async with httpx.AsyncClient(timeout=900) as client:
         started = time.perf_counter()
-        reply = await client.post(f"{base_url}/v1/chat/completions", json=body)
-        elapsed = time.perf_counter() - started
-    reply.raise_for_status()
-    return elapsed, int(reply.json()["usage"]["prompt_tokens"])
+        async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as reply:
+            reply.raise_for_status()
+            async for line in reply.aiter_lines():
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if first is None and any(
+                    (c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()
+                ):
+                    first = time.perf_counter() - started
+                if chunk.get("usage"):
+                    counted = int(chunk["usage"]["prompt_tokens"])
+    if first is None:
+        raise RuntimeError(f"{base_url}: no token streamed")
+    return first, counted
 
 
 def ttft_table(live: list[PeerSpec], rounds: int) -> None:
@@ -82,7 +107,7 @@ def ttft_table(live: list[PeerSpec], rounds: int) -> None:
         shift = r % len(live)
         for spec in live[shift:] + live[:shift]:
             for length in LENGTHS:
-                seed = 7000 + 100 * r + length // 512
+                seed = 100 * r + length // 512
                 seconds, counted = asyncio.run(
                     time_one(spec.base_url, spec.model_id, long_prompt(length, seed))
                 )
@@ -190,7 +215,7 @@ def stall_table(specs: list[PeerSpec], work: Path, rounds: int) -> None:
         shift = r % len(specs)
         for spec in specs[shift:] + specs[:shift]:
             with running(spec, work / f"stall-{spec.name}-{spec.port}-{r}.log") as live:
-                row = asyncio.run(stall(live, LENGTHS[-1], 9000 + r))
+                row = asyncio.run(stall(live, LENGTHS[-1], 900 + r))
             print(
                 f"| {r + 1} | {spec.label} | {row['prompt_tokens']:.0f} | {row['ttft']:.1f} "
                 f"| {1000 * row['usual']:.0f} | {1000 * row['p50']:.0f} / "
@@ -231,7 +256,8 @@ def main() -> int:
         if spec.skip:
             print(f"- skipped {spec.label}: {spec.skip}")
     peers = [spec for spec in peers if not spec.skip]
-    ours = vllm_mlx_spec(work, model_dir, "vllm-mlx")
+    private = {"cache_dir": str(work / "cache")}  # a disk cache of this run only
+    ours = vllm_mlx_spec(work, model_dir, "vllm-mlx", paths=private)
     if not args.skip_ttft:
         with ExitStack() as stack:
             live = [stack.enter_context(running(s, work / f"{s.name}-{s.port}.log"))
@@ -240,9 +266,11 @@ def main() -> int:
     if not args.skip_stall:
         unpaced = vllm_mlx_spec(
             work, model_dir, "vllm-mlx, max_prefill_stall: null",
-            engine={"max_prefill_stall": None},
+            engine={"max_prefill_stall": None}, paths=private,
         )  # fmt: skip
-        paced = vllm_mlx_spec(work, model_dir, "vllm-mlx, max_prefill_stall: 1.0 (default)")
+        paced = vllm_mlx_spec(
+            work, model_dir, "vllm-mlx, max_prefill_stall: 1.0 (default)", paths=private
+        )
         stall_table([paced, unpaced, *([llama] if llama and not llama.skip else [])], work, 1)
     print(f"load average at end: {load_average()}")
     return 0
