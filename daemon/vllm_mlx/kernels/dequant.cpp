@@ -178,19 +178,75 @@ AVX512 void rows4_avx512(const QmmProblem& p, float* out, int n_begin, int n_end
   }
 }
 
-bool vector_path(const QmmProblem& p) {
-  return p.bits == 4 && p.scale_type != ScaleType::bf16 && std::strcmp(isa(), "avx512") == 0;
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// The AVX2 form: the table in two registers (values 0-7 and 8-15); 8 weights (one word)
+// are looked up in both and bit 3 of each index picks one.
+template <ScaleType ST>
+AVX2 inline __m256 table_half_avx2(float s, float b, __m256 q) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m256 v = _mm256_mul_ps(_mm256_set1_ps(s), q);
+  if constexpr (ST == ScaleType::f16) {
+    v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, kNearest));
+    v = _mm256_add_ps(v, _mm256_set1_ps(b));
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, kNearest));
+  } else {
+    return _mm256_add_ps(v, _mm256_set1_ps(b));
+  }
+}
+
+template <ScaleType ST>
+AVX2 void rows4_avx2(const QmmProblem& p, float* out, int n_begin, int n_end) {
+  const int groups = p.K / p.group_size;
+  const size_t words_per_row = static_cast<size_t>(p.K) / 8;
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i nibble = _mm256_set1_epi32(0xf);
+  for (int n = n_begin; n < n_end; ++n) {
+    const uint32_t* w = p.w + n * words_per_row;
+    float* o = out + static_cast<size_t>(n) * p.K;
+    for (int g = 0; g < groups; ++g) {
+      const size_t at = static_cast<size_t>(n) * groups + g;
+      const float s = scale_at<ST>(p.scales, at);
+      const float b = scale_at<ST>(p.biases, at);
+      const __m256 low = table_half_avx2<ST>(s, b, _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7));
+      const __m256 high = table_half_avx2<ST>(s, b, _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15));
+      const uint32_t* words = w + g * (p.group_size / 8);
+      float* dst = o + g * p.group_size;
+      for (int i = 0; i < p.group_size / 8; ++i) {
+        const __m256i word = _mm256_set1_epi32(static_cast<int>(words[i]));
+        const __m256i index = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), nibble);
+        const __m256 from_low = _mm256_permutevar8x32_ps(low, index);
+        const __m256 from_high = _mm256_permutevar8x32_ps(high, index);
+        const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)); // bit 3 -> sign
+        _mm256_storeu_ps(dst + 8 * i, _mm256_blendv_ps(from_low, from_high, upper));
+      }
+    }
+  }
+}
+
+// The vector loops (set_isa chooses among them: tests compare each with the scalar one).
+bool vector_dispatch(const QmmProblem& p, float* out, int n_begin, int n_end) {
+  if (p.bits != 4 || p.scale_type == ScaleType::bf16) {
+    return false;
+  }
+  const bool f16 = p.scale_type == ScaleType::f16;
+  if (std::strcmp(isa(), "avx512") == 0) {
+    f16 ? rows4_avx512<ScaleType::f16>(p, out, n_begin, n_end)
+        : rows4_avx512<ScaleType::f32>(p, out, n_begin, n_end);
+    return true;
+  }
+  if (std::strcmp(isa(), "avx2") == 0) {
+    f16 ? rows4_avx2<ScaleType::f16>(p, out, n_begin, n_end)
+        : rows4_avx2<ScaleType::f32>(p, out, n_begin, n_end);
+    return true;
+  }
+  return false;
 }
 #endif
 
 void dispatch(const QmmProblem& p, float* out, int n_begin, int n_end) {
 #if defined(__x86_64__)
-  if (vector_path(p)) { // set_isa chooses it: tests compare it with the scalar loop
-    if (p.scale_type == ScaleType::f16) {
-      rows4_avx512<ScaleType::f16>(p, out, n_begin, n_end);
-    } else {
-      rows4_avx512<ScaleType::f32>(p, out, n_begin, n_end);
-    }
+  if (vector_dispatch(p, out, n_begin, n_end)) {
     return;
   }
 #endif
