@@ -51,10 +51,16 @@ def prompts(loaded: LoadedModel) -> list[list[int]]:
     ]
 
 
-def greedy(model: Any, prompt: list[int]) -> tuple[list[int], list[float]]:
-    """Greedy tokens and, per step, the gap between the two largest logits."""
+def greedy(
+    model: Any, prompt: list[int], chunk: int | None = None
+) -> tuple[list[int], list[float]]:
+    """Greedy tokens and, per step, the gap between the two largest logits; the prompt
+    prefilled in chunks of `chunk` tokens (the engine's prefill_step_size), or at once."""
     cache = make_prompt_cache(model)
-    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    step = chunk or len(prompt)
+    for start in range(0, len(prompt) - step, step):
+        model(mx.array([prompt[start : start + step]]), cache=cache)
+    logits = model(mx.array([prompt[(len(prompt) - 1) // step * step :]]), cache=cache)[0, -1]
     tokens, gaps = [], []
     for _ in range(NEW_TOKENS):
         row = np.array(logits)
@@ -96,6 +102,23 @@ def test_greedy_output_matches_mlx_attention(loaded: LoadedModel) -> None:
         if step is not None:
             differing.append((i, step, gaps[step]))
     assert all(gap < TIE for _, _, gap in differing), differing
+
+
+def test_greedy_output_after_a_long_chunked_prefill_matches(loaded: LoadedModel) -> None:
+    """~1,100 prompt tokens in 512-token chunks, as the scheduler prefills them: the fused
+    prefill kernel at offsets 0, 512 and 1,024 (a partial last chunk)."""
+    model = loaded.model
+    text = " ".join(f"Note {i}: the {PROMPTS[i % len(PROMPTS)].lower()}" for i in range(80))
+    template = loaded.tokenizer.apply_chat_template
+    messages = [{"role": "user", "content": text + " Summarise the notes."}]
+    prompt = list(template(messages, add_generation_prompt=True))
+    assert 1024 < len(prompt) < 1536 and len(prompt) % 512 >= attention.FUSED_MIN_QUERIES
+    attention.restore_attention(model)
+    want, gaps = greedy(model, prompt, chunk=512)
+    attention.swap_attention(model)
+    got, _ = greedy(model, prompt, chunk=512)
+    step = first_difference(got, want)
+    assert step is None or gaps[step] < TIE, (step, gaps)
 
 
 def test_batched_decode_with_padding_masks_matches(loaded: LoadedModel) -> None:

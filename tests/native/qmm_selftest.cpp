@@ -1,14 +1,17 @@
-// Checks qmm() against a plain double-precision reference on random problems, for every
-// instruction set the running CPU has (natively, or under qemu-aarch64 for the NEON
-// tiles); tests/unit/test_qmm_native.py builds and runs it. Prints one line per set.
+// Checks qmm() and sdpa_prefill() against a plain double-precision reference on random
+// problems, for every instruction set the running CPU has (natively, or under qemu-aarch64
+// for the NEON tiles and the portable attention loops as the arm64 compiler vectorizes
+// them); tests/unit/test_qmm_native.py builds and runs it. Prints one line per set.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "attn_kernel.h"
 #include "qmm_kernel.h"
 
 using namespace vllm_mlx_kernels;
@@ -94,6 +97,69 @@ double check(std::mt19937& rng, int M, int N, int K, int bits, int gs, ScaleType
   return worst;
 }
 
+// sdpa_prefill on a random problem (causal, or a random bool mask with some rows all
+// false): the largest absolute error against softmax in double precision.
+double check_prefill(std::mt19937& rng, int B, int Hq, int Hkv, int M, int L, int D, int Dv,
+                     bool causal, bool masked) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(B) * Hq * M * D), k(static_cast<size_t>(B) * Hkv * L * D),
+      v(static_cast<size_t>(B) * Hkv * L * Dv), out(static_cast<size_t>(B) * Hq * M * Dv);
+  for (auto* a : {&q, &k, &v}) {
+    for (auto& x : *a) x = unit(rng) * 2.0f;
+  }
+  std::unique_ptr<bool[]> mask(new bool[static_cast<size_t>(B) * M * L]);
+  for (size_t i = 0; i < static_cast<size_t>(B) * M * L; ++i) {
+    size_t row = i / L;
+    mask[i] = row % 7 != 3 && unit(rng) > -0.6f; // every 7th row sees nothing
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  PrefillProblem p{};
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.data();
+  p.q_strides[0] = static_cast<int64_t>(Hq) * M * D, p.q_strides[1] = static_cast<int64_t>(M) * D;
+  p.q_strides[2] = D;
+  p.k_strides[0] = static_cast<int64_t>(Hkv) * L * D, p.k_strides[1] = static_cast<int64_t>(L) * D;
+  p.k_strides[2] = D;
+  p.v_strides[0] = static_cast<int64_t>(Hkv) * L * Dv, p.v_strides[1] = static_cast<int64_t>(L) * Dv;
+  p.v_strides[2] = Dv;
+  p.mask = masked ? mask.get() : nullptr, p.mask_batches = B, p.causal = causal;
+  p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.M = M, p.L = L, p.D = D, p.Dv = Dv, p.scale = scale;
+  sdpa_prefill(p);
+  double worst = 0.0;
+  std::vector<double> w(L);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hq; ++h) {
+      const float* kh = k.data() + (static_cast<size_t>(b) * Hkv + h / (Hq / Hkv)) * L * D;
+      const float* vh = v.data() + (static_cast<size_t>(b) * Hkv + h / (Hq / Hkv)) * L * Dv;
+      for (int m = 0; m < M; ++m) {
+        const float* qm = q.data() + ((static_cast<size_t>(b) * Hq + h) * M + m) * D;
+        double top = -1e300;
+        int seen = 0;
+        for (int t = 0; t < L; ++t) {
+          bool sees = (!causal || t <= L - M + m) &&
+              (!masked || mask[(static_cast<size_t>(b) * M + m) * L + t]);
+          double s = 0.0;
+          for (int d = 0; d < D; ++d) s += static_cast<double>(qm[d] * scale) * kh[t * D + d];
+          w[t] = sees ? s : -1e300;
+          seen += sees;
+          top = sees && s > top ? s : top;
+        }
+        double sum = 0.0;
+        for (int t = 0; t < L; ++t) {
+          w[t] = seen == 0 ? 1.0 : (w[t] == -1e300 ? 0.0 : std::exp(w[t] - top));
+          sum += w[t];
+        }
+        for (int c = 0; c < Dv; ++c) {
+          double ref = 0.0;
+          for (int t = 0; t < L; ++t) ref += w[t] / sum * vh[t * Dv + c];
+          double got = out[((static_cast<size_t>(b) * Hq + h) * M + m) * Dv + c];
+          worst = std::fabs(ref - got) > worst ? std::fabs(ref - got) : worst;
+        }
+      }
+    }
+  }
+  return worst;
+}
+
 }  // namespace
 
 // Every case for the current instruction set; the worst error, or -1 on a failure.
@@ -119,6 +185,20 @@ double run_cases(std::mt19937& rng) {
               }
             }
           }
+        }
+      }
+    }
+    // Prefill attention: a partial query block, offsets 0 and > 0, GQA 3 and 1, odd dims.
+    const int shapes[][7] = {{1, 6, 2, 70, 70, 64, 64}, {2, 3, 3, 9, 130, 40, 24},
+                             {1, 2, 1, 64, 200, 72, 72}, {1, 4, 2, 9, 5, 16, 16}};
+    for (const auto& sh : shapes) {
+      for (int mode = 0; mode < 3; ++mode) {
+        double err = check_prefill(rng, sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], sh[6],
+                                   mode != 1, mode != 0);
+        if (err > 1e-5) {
+          std::printf("FAIL isa=%s sdpa_prefill M=%d L=%d D=%d mode=%d threads=%d err=%g\n",
+                      isa(), sh[3], sh[4], sh[5], mode, threads, err);
+          return -1.0;
         }
       }
     }

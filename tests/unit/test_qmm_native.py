@@ -24,7 +24,7 @@ SOURCES = [
     *(KERNELS / name for name in ("qmm_neon.cpp", "thread_pool.cpp")),
     # The activation and attention kernels use no MLX headers: built here too, so an arm64
     # build of the whole extension is known to compile (their numerics are tested on x86).
-    *(KERNELS / name for name in ("act_kernel.cpp", "attn_kernel.cpp")),
+    *(KERNELS / name for name in ("act_kernel.cpp", "attn_kernel.cpp", "attn_prefill.cpp")),
 ]
 
 

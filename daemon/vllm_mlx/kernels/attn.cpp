@@ -131,6 +131,87 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   });
 }
 
+mx::array sdpa_prefill(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                       bool causal, const std::optional<mx::array>& mask,
+                       mx::StreamOrDevice s) {
+  std::ostringstream msg;
+  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) {
+    msg << "q, k and v must be float32";
+  } else if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) {
+    msg << "q, k and v must be 4-D (batch, heads, positions, head dim)";
+  } else if (q.shape(2) < 1) {
+    msg << "q must have at least one position";
+  } else if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0)) {
+    msg << "q, k and v must have one batch size";
+  } else if (k.shape(1) != v.shape(1) || k.shape(1) < 1 || q.shape(1) % k.shape(1) != 0) {
+    msg << "k and v must have one head count that divides q's (" << q.shape(1) << ")";
+  } else if (k.shape(2) != v.shape(2) || k.shape(2) < 1) {
+    msg << "k and v must have one length of at least 1";
+  } else if (k.shape(3) != q.shape(3) || q.shape(3) < 1 || v.shape(3) < 1) {
+    msg << "k's head dim must equal q's (" << q.shape(3) << ")";
+  } else if (mask && (mask->dtype() != mx::bool_ || mask->ndim() != 4 || mask->shape(1) != 1 ||
+                      mask->shape(2) != q.shape(2) || mask->shape(3) != k.shape(2) ||
+                      (mask->shape(0) != 1 && mask->shape(0) != q.shape(0)))) {
+    msg << "mask must be bool (1 or batch, 1, queries, keys)";
+  }
+  if (!msg.str().empty()) {
+    throw std::invalid_argument("vllm_mlx sdpa_prefill: " + msg.str());
+  }
+  auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    throw std::invalid_argument("vllm_mlx sdpa_prefill runs on the CPU only");
+  }
+  std::vector<mx::array> inputs{q, k, v}; // read through their strides (see View)
+  if (mask) {
+    inputs.push_back(mx::contiguous(*mask, false, s));
+  }
+  return mx::array({q.shape(0), q.shape(1), q.shape(2), v.shape(3)}, mx::float32,
+                   std::make_shared<PrefillAttention>(stream, scale, causal),
+                   std::move(inputs));
+}
+
+void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  encoder.set_output_array(out);
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
+  View qv = view_of(q, encoder), kv = view_of(k, encoder), vv = view_of(v, encoder);
+  PrefillProblem p{};
+  p.q = qv.data;
+  p.k = kv.data;
+  p.v = vv.data;
+  std::copy(qv.strides, qv.strides + 3, p.q_strides);
+  std::copy(kv.strides, kv.strides + 3, p.k_strides);
+  std::copy(vv.strides, vv.strides + 3, p.v_strides);
+  p.mask = inputs.size() > 3 ? inputs[3].data<bool>() : nullptr;
+  p.mask_batches = inputs.size() > 3 ? inputs[3].shape(0) : 1;
+  p.causal = causal_;
+  p.out = out.data<float>();
+  p.B = q.shape(0);
+  p.Hq = q.shape(1);
+  p.Hkv = k.shape(1);
+  p.M = q.shape(2);
+  p.L = k.shape(2);
+  p.D = q.shape(3);
+  p.Dv = v.shape(3);
+  p.scale = scale_;
+  encoder.dispatch([p, qv, kv, vv]() {
+    for (const View* w : {&qv, &kv, &vv}) {
+      if (w->fill) {
+        w->fill();
+      }
+    }
+    sdpa_prefill(p);
+  });
+}
+
+void PrefillAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("VllmMlxPrefillAttention runs on the CPU only");
+}
+
 void DecodeAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error("VllmMlxDecodeAttention runs on the CPU only");
 }

@@ -32,6 +32,41 @@ mx::array softmax_prefill(
     const std::optional<mx::array>& mask = std::nullopt,
     mx::StreamOrDevice s = {});
 
+// mx.fast.scaled_dot_product_attention(q, k, v, scale, mask) for several query positions,
+// fused (no score matrix in memory): float32 q (B, Hq, M, D), k (B, Hkv, L, D), v (B, Hkv,
+// L, Dv), Hq a multiple of Hkv; `causal`: query m sees keys up to L - M + m; `mask`: bool
+// (B or 1, 1, M, L), false: excluded. Returns (B, Hq, M, Dv) float32.
+// std::invalid_argument for anything else.
+mx::array sdpa_prefill(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    bool causal,
+    const std::optional<mx::array>& mask = std::nullopt,
+    mx::StreamOrDevice s = {});
+
+class PrefillAttention : public mx::UnaryPrimitive {
+ public:
+  PrefillAttention(mx::Stream stream, float scale, bool causal)
+      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "VllmMlxPrefillAttention";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const PrefillAttention&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_;
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
 class PrefillSoftmax : public mx::UnaryPrimitive {
  public:
   PrefillSoftmax(mx::Stream stream, int M, bool causal)

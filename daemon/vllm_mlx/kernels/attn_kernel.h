@@ -57,4 +57,35 @@ struct SoftmaxProblem {
 
 void softmax_prefill(const SoftmaxProblem& p);
 
+// Prefill attention fused and tiled (attn_prefill.cpp): M query positions per sequence,
+//   out[b, h, m] = softmax(scale * q[b, h, m] . k[b, h / G, t], over the keys t it sees)
+//                  @ v[b, h / G, t]
+// where query m sees key t when t <= L - M + m (with `causal`) and mask[b][m][t] (with a
+// `mask`); a query that sees no key gets the mean of V (MLX's softmax of equal minima).
+// Never holds more than a block of scores; splits (batch, KV head, query block) units
+// over the matmul's thread pool.
+struct PrefillProblem {
+  // Strides in elements over (batch, head, position); the last dimension is contiguous.
+  const float* q; // (B, Hq, M, D)
+  int64_t q_strides[3];
+  const float* k; // (B, Hkv, L, D)
+  int64_t k_strides[3];
+  const float* v; // (B, Hkv, L, Dv)
+  int64_t v_strides[3];
+  const bool* mask; // [mask_batches][M][L], row-major (false: excluded), or null
+  int mask_batches; // 1: one mask for every sequence
+  bool causal;
+  float* out; // (B, Hq, M, Dv), row-major
+  int B;
+  int Hq;
+  int Hkv;
+  int M;
+  int L;
+  int D;
+  int Dv;
+  float scale;
+};
+
+void sdpa_prefill(const PrefillProblem& p);
+
 } // namespace vllm_mlx_kernels

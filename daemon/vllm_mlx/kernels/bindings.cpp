@@ -36,6 +36,9 @@ NB_MODULE(_qmm, m) {
   m.def("sdpa_decode", &vllm_mlx_kernels::sdpa_decode, "q"_a, "k"_a, "v"_a, "scale"_a,
         "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.scaled_dot_product_attention for one float32 query position (decode).");
+  m.def("sdpa_prefill", &vllm_mlx_kernels::sdpa_prefill, "q"_a, "k"_a, "v"_a, "scale"_a,
+        "causal"_a, "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+        "Fused causal / masked float32 attention for several query positions (prefill).");
   m.def("set_threads", &vllm_mlx_kernels::set_threads, "n"_a, "Threads per matmul.");
   m.def("threads", &vllm_mlx_kernels::threads, "Threads per matmul.");
   m.def("isa", &vllm_mlx_kernels::isa, "The instruction set in use: avx512, avx2 or scalar.");

@@ -1,5 +1,5 @@
-"""Attention through vllm_mlx/kernels' extension on the CPU: decode in one op, and the
-softmax of prefill.
+"""Attention through vllm_mlx/kernels' extension on the CPU: decode in one op, and prefill
+fused (no score matrix in memory).
 
 On the CPU, `mx.fast.scaled_dot_product_attention` runs MLX's fallback graph: a scale
 multiply, reshapes for grouped-query attention, a `where` for the mask, a softmax and two
@@ -9,17 +9,27 @@ in one node and one pass over each sequence's K and V, read in place from the ca
 
 mlx_lm's model modules call `scaled_dot_product_attention` from `mlx_lm.models.base`
 through their own module global, so swapping that global routes every attention layer of
-the model's architecture; anything but the float32 one-position case (prefill, a
-quantized KV cache, attention sinks, a string mask) goes to mlx_lm's original. The sums
+the model's architecture; anything but the float32 case with a causal / no / bool mask (a
+quantized KV cache, attention sinks, another mask) goes to mlx_lm's original. The sums
 run in another order than BLAS's, so outputs match MLX's to rounding, not bit for bit
-(tests/unit/test_attention_kernel.py bounds the error; tests/engine/test_attention_model.py
-checks greedy output of the bundled model).
+(tests/unit/test_attention_kernel.py and test_prefill_attention_kernel.py bound the error;
+tests/engine/test_attention_model.py checks greedy output of the bundled model).
 
-Prefill (several query positions) keeps MLX's two BLAS products and replaces what lies
-between them: MLX's fallback scales, masks (`where`) and softmaxes the (heads x queries x
-keys) scores in single-threaded passes, 200-260 ms a layer for a 512-token chunk at 2k
-keys here; the extension's `softmax_prefill` does the causal limit and a bool mask in one
-threaded pass per row (docs/benchmarks.md).
+Prefill (several query positions): MLX's fallback materialises the (heads x queries x
+keys) scores (9 x 512 x 4,096 floats, 75 MB a layer for a 512-token chunk at 4k keys),
+computes the causally masked half of each block with BLAS, then scales, masks and
+softmaxes them in single-threaded passes. The extension's `sdpa_prefill`
+(kernels/attn_prefill.cpp) is flash-attention style: blocks of 64 queries x 64 keys, an
+online softmax with MLX's exp, key blocks no query sees never computed, the query heads
+of a KV head sharing its K/V reads, (sequence, KV head, query block) units over the
+extension's threads; the causal limit and the batch cache's bool mask (left-padded
+batches) as MLX applies them, and a query that sees no key gets MLX's uniform average of
+V. For one layer of the bundled model's 512-token chunk it is ~3x faster than MLX's two
+BLAS products around the extension's threaded `softmax_prefill` (what this path did
+before; docs/benchmarks.md). That path stays where it measured faster: fewer than
+`FUSED_MIN_QUERIES` queries (a prompt's short last chunk, a speculative draft's check:
+the kernel's 64 query lanes are mostly padding), and CPUs without AVX2 or AVX-512 (the
+kernel's portable loops, arm64 included, have no register tiles).
 """
 
 from __future__ import annotations
@@ -35,11 +45,23 @@ from vllm_mlx.models.cpu import qmm
 _ORIGINAL = base.scaled_dot_product_attention
 _NAME = "scaled_dot_product_attention"
 _prefill_kernel = True  # benchmarks and tests switch it to compare with MLX's fallback
+_fused_prefill = True  # off: MLX's products around `softmax_prefill` (benchmarks, tests)
+# Below this many queries the fused kernel's 64 query lanes are mostly padding and the
+# BLAS products around `softmax_prefill` are faster (measured: docs/benchmarks.md).
+FUSED_MIN_QUERIES = 32
+# The instruction sets with the fused kernel's register tiles. Its portable loops (scalar
+# x86, arm64) run at half the speed of the BLAS path on x86, and are unmeasured on arm64.
+_FUSED_ISAS = ("avx512", "avx2")
 
 
 def use_prefill_kernel(on: bool) -> None:
     global _prefill_kernel
     _prefill_kernel = on
+
+
+def use_fused_prefill(on: bool) -> None:
+    global _fused_prefill
+    _fused_prefill = on
 
 
 def _decodes(queries: mx.array, keys: mx.array, values: mx.array, cache: Any) -> bool:
@@ -81,13 +103,25 @@ def _prefills(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, m
 def _prefill_attention(
     queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any
 ) -> mx.array:
-    """softmax(scale * q k^T, causal / masked) v, grouped heads stacked along the rows so
-    both products are one BLAS call per KV head, as MLX's fallback does."""
+    """softmax(scale * q k^T, causal / masked) v: the fused kernel, or for few queries MLX's
+    two BLAS products (grouped heads stacked along the rows, one call per KV head, as MLX's
+    fallback does) around the extension's softmax."""
     batch, q_heads, rows, dim = queries.shape
+    ext = qmm.extension()
+    if (
+        _fused_prefill
+        and rows >= FUSED_MIN_QUERIES
+        and hasattr(ext, "sdpa_prefill")
+        and ext.isa() in _FUSED_ISAS
+    ):
+        if isinstance(mask, mx.array):
+            fused: mx.array = ext.sdpa_prefill(queries, keys, values, scale, False, mask)
+        else:
+            fused = ext.sdpa_prefill(queries, keys, values, scale, mask is not None)
+        return fused
     kv_heads = keys.shape[1]
     grouped = (queries * scale).reshape(batch, kv_heads, (q_heads // kv_heads) * rows, dim)
     scores = grouped @ keys.swapaxes(-1, -2)
-    ext = qmm.extension()
     if isinstance(mask, mx.array):
         probs = ext.softmax_prefill(scores, rows, False, mask)
     else:
