@@ -26,8 +26,8 @@ def test_chunk_takes_about_max_stall_decode_steps() -> None:
     pacer = PrefillPacer(step_size=512, max_stall=1.0)
     pacer.observe(0.060, 0, decoded=True)  # a 60 ms decode step
     pacer.observe(0.060 + 16 * 0.002, 16, decoded=True)  # 2 ms a prompt token
-    # 60 ms of budget / 2 ms a token = 30 tokens: the ladder (4, 8, 16, ...) gives 16.
-    assert pacer.chunk(decoding=True, prompts=1) == 16
+    # 60 ms of budget / 2 ms a token = 30 tokens: the ladder (4, 8, ..., 28, 32, 64) gives 28.
+    assert pacer.chunk(decoding=True, prompts=1) == 28
     pacer.max_stall = 2.5  # 150 ms: 75 tokens -> 64
     assert pacer.chunk(decoding=True, prompts=1) == 64
     assert pacer.chunk(decoding=True, prompts=4) == 16  # shared by prompts: 18.75 each

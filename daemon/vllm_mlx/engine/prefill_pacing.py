@@ -15,9 +15,9 @@ between tokens stays within about (1 + max_stall) times their usual one; the pro
 gets max_stall / (1 + max_stall) of the time. With nothing decoding the chunk is the
 full `prefill_step_size`: a lone prompt's time to first token is unchanged.
 
-Chunk sizes come from a ladder of powers of two so that a prompt is cut the same few
-ways whatever the timing noise; a distributed group (every rank must cut alike) does
-not pace.
+Chunk sizes come from a short ladder (multiples of 4 below 32, then powers of two) so
+that a prompt is cut in few distinct ways whatever the timing noise; a distributed group
+(every rank must cut alike) does not pace.
 """
 
 from __future__ import annotations
@@ -29,12 +29,16 @@ _SMOOTHING = 0.3  # weight of the newest measurement in the moving averages
 
 
 def _ladder_floor(tokens: float, largest: int) -> int:
-    """`largest` if `tokens` reach it, else the largest SMALLEST_CHUNK times a power of
-    two at most `tokens` (never below SMALLEST_CHUNK: every step makes progress)."""
+    """`largest` if `tokens` reach it, else the ladder's step at most `tokens`: multiples
+    of SMALLEST_CHUNK below 32 (where the budget usually lands beside decoding, a whole
+    power of two would waste up to half of it), powers of two above; never below
+    SMALLEST_CHUNK, so every step makes progress."""
     if tokens >= largest:
         return largest
-    chunk = SMALLEST_CHUNK
-    while chunk * 2 <= min(tokens, largest):
+    if tokens < 32:
+        return max(SMALLEST_CHUNK, int(tokens) // SMALLEST_CHUNK * SMALLEST_CHUNK)
+    chunk = 32
+    while chunk * 2 <= tokens:
         chunk *= 2
     return min(chunk, largest)
 
