@@ -33,6 +33,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.prefill_pacing import PrefillPacer
+from vllm_mlx.engine.scheduler_state import SchedulerConfig
 from vllm_mlx.engine.speculative.verify import Speculator
 
 
@@ -131,3 +132,25 @@ class LeanBatchGenerator(BatchGenerator):
         processed = self._counters.prompt_tokens - before
         pacer.observe(time.perf_counter() - started, processed, bool(generation_responses))
         return prompt_responses, generation_responses
+
+
+def make_generator(
+    model: Any,
+    config: SchedulerConfig,
+    eos: set[int],
+    speculator: Speculator | None,
+    paced: bool,
+) -> LeanBatchGenerator:
+    """The scheduler's generator for `config`; `paced`: size prefill chunks by time while
+    sequences decode (when the config asks for it)."""
+    stall = config.max_prefill_stall
+    pacer = PrefillPacer(config.prefill_step_size, stall) if paced and stall is not None else None
+    return LeanBatchGenerator(
+        model,
+        speculator=speculator,
+        pacer=pacer,
+        stop_tokens=[[t] for t in sorted(eos)],
+        completion_batch_size=config.max_batch_size,
+        prefill_batch_size=min(config.prefill_batch_size, config.max_batch_size),
+        prefill_step_size=config.prefill_step_size,
+    )

@@ -20,13 +20,12 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx.engine.adapter_prefix import keyed_cache
-from vllm_mlx.engine.batch_generator import LeanBatchGenerator
+from vllm_mlx.engine.batch_generator import make_generator
 from vllm_mlx.engine.cache.disk import DiskBlockStore
 from vllm_mlx.engine.cache.factory import make_prefix_cache
 from vllm_mlx.engine.cache.rows import row_caches
 from vllm_mlx.engine.fleet.heap import release_free_memory
-from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
-from vllm_mlx.engine.prefill_pacing import PrefillPacer
+from vllm_mlx.engine.logprobs import RawCapture, make_row, step_logprobs
 from vllm_mlx.engine.sampling import Fault
 from vllm_mlx.engine.scheduler_state import (
     AbortCommand,
@@ -45,7 +44,7 @@ from vllm_mlx.engine.scheduler_state import (
 
 # Re-exported: the engine's users import the config from here.
 from vllm_mlx.engine.scheduler_state import SchedulerConfig as SchedulerConfig
-from vllm_mlx.engine.slot_setup import slot_processors, slot_refusal, slot_sampler
+from vllm_mlx.engine.slot_setup import read_prefix, slot_processors, slot_refusal, slot_sampler
 from vllm_mlx.engine.speculative.verify import Speculator, eligible, model_supports
 from vllm_mlx.engine.types import (
     EngineEvent,
@@ -56,7 +55,6 @@ from vllm_mlx.engine.types import (
     TokensGenerated,
 )
 from vllm_mlx.engine.vision_stage import VisionStage
-from vllm_mlx.models.lora import routing
 from vllm_mlx.models.vision import VisionTower
 
 log = structlog.get_logger(__name__)
@@ -161,20 +159,9 @@ class Scheduler:
         self._speculator = None
         if self._speculates and self._config.speculative is not None:
             self._speculator = Speculator(self._config.speculative, self.stats)
-        stall = self._config.max_prefill_stall
-        pacer = None
-        # Every rank of a distributed group must cut prompts alike: no timing there.
-        if stall is not None and self.lockstep is None:
-            pacer = PrefillPacer(self._config.prefill_step_size, stall)
-        return LeanBatchGenerator(
-            self._model,
-            speculator=self._speculator,
-            pacer=pacer,
-            stop_tokens=[[t] for t in sorted(self._eos)],
-            completion_batch_size=self._config.max_batch_size,
-            prefill_batch_size=min(self._config.prefill_batch_size, self._config.max_batch_size),
-            prefill_step_size=self._config.prefill_step_size,
-        )
+        # Every rank of a distributed group must cut prompts alike: no pacing by time there.
+        paced = self.lockstep is None
+        return make_generator(self._model, self._config, self._eos, self._speculator, paced)
 
     def _run(self) -> None:
         self._generator = self._make_generator()
@@ -253,18 +240,7 @@ class Scheduler:
         try:
             if self.lockstep is not None:  # before its prefill: other ranks join that too
                 self.lockstep.added(request)
-            if request.shared is None and request.prompt_logprobs is None:
-                keyed = keyed_cache(self.prefix_cache, request.adapter)
-                hit, scores = keyed.lookup(request.prompt_tokens), None
-                reused = hit.cached
-                if request.vision is not None and self.vision is not None:
-                    self.vision.encode(request, hit.cached)
-            else:  # n sequences from one prefill, or a prompt to score
-                keyed = keyed_cache(self.prefix_cache, request.adapter)
-                if request.vision is not None and self.vision is not None:
-                    self.vision.encode(request, 0)
-                with routing(self._model, request.adapter):  # its prefill runs the adapter
-                    hit, reused, scores = shared_prefill(self._model, keyed, request)
+            hit, reused, scores = read_prefix(self._model, self.prefix_cache, request, self.vision)
             if request.max_tokens == 0:  # scored, nothing to generate
                 command.sink(PromptProcessed(time.monotonic(), reused, prompt_logprobs=scores))
                 command.sink(SequenceFinished(FinishReason.LENGTH))
@@ -351,24 +327,12 @@ class Scheduler:
             slot = self._slots.get(response.uid)
             if slot is None:
                 continue
-            if slot.phase == "queued":
-                slot.phase, slot.prefill_started_at = "prefill", started
-            done = response.progress[0] if isinstance(response.progress, tuple) else 0
-            done += slot.cached_tokens
-            prompt_tokens += max(0, done - slot.prompt_done)
-            slot.prompt_done = max(slot.prompt_done, done)
+            prompt_tokens += slot.read_prompt(response.progress, started)
             if response.end_of_prompt:
-                slot.phase = "generation"
                 if self.vision is not None:  # its features are in the KV cache now
                     self.vision.release(slot.request.request_id)
                 self.stats.prompt_tokens += len(slot.request.prompt_tokens)
-                processed = PromptProcessed(
-                    now,
-                    cached_tokens=slot.cached_tokens,
-                    started_at=slot.prefill_started_at,
-                    prompt_logprobs=slot.prompt_logprobs,
-                )
-                self._post(slot, processed)
+                self._post(slot, slot.prompt_read(now))
         finished: list[tuple[Slot, str, int]] = []  # with the prompt tokens newly cached
         scored: list[tuple[Slot, Any]] = []
         for gen in generation_responses:

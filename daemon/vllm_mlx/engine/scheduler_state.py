@@ -23,7 +23,13 @@ if TYPE_CHECKING:
     from vllm_mlx.config.sections import EngineSettings
     from vllm_mlx.config.speculative import SpeculativeSettings
 
-from vllm_mlx.engine.types import EngineEvent, FinishReason, GenerationRequest, TokenLogprob
+from vllm_mlx.engine.types import (
+    EngineEvent,
+    FinishReason,
+    GenerationRequest,
+    PromptProcessed,
+    TokenLogprob,
+)
 
 EventSink = Callable[[EngineEvent], None]
 # Called on the engine thread after each step with (prompt tokens, generated tokens).
@@ -67,6 +73,27 @@ class Slot:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     raw: RawCapture | None = None  # raw-logprobs requests with logits processors
+
+    def read_prompt(self, progress: Any, started: float) -> int:
+        """A prefill step's progress (mlx-lm's (done, total) of the uncached part): the
+        prompt tokens it newly processed."""
+        if self.phase == "queued":
+            self.phase, self.prefill_started_at = "prefill", started
+        done = progress[0] if isinstance(progress, tuple) else 0
+        done += self.cached_tokens
+        new = max(0, done - self.prompt_done)
+        self.prompt_done = max(self.prompt_done, done)
+        return new
+
+    def prompt_read(self, now: float) -> PromptProcessed:
+        """The whole prompt is in the KV cache: generation starts; the event to post."""
+        self.phase = "generation"
+        return PromptProcessed(
+            now,
+            cached_tokens=self.cached_tokens,
+            started_at=self.prefill_started_at,
+            prompt_logprobs=self.prompt_logprobs,
+        )
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""What one request brings into the batch (its sampler and logits processors), and the
-engine's own check that it may join at all."""
+"""What one request brings into the batch (its cached prefix, sampler and logits
+processors), and the engine's own check that it may join at all."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 from mlx_lm.sample_utils import greedy_sampler
 
-from vllm_mlx.engine.logprobs import RawCapture
+from vllm_mlx.engine.adapter_prefix import keyed_cache
+from vllm_mlx.engine.logprobs import RawCapture, shared_prefill
 from vllm_mlx.engine.sampling import (
     Fault,
     LogitsProcessor,
@@ -20,7 +21,7 @@ from vllm_mlx.engine.sampling import (
 from vllm_mlx.engine.scheduler_state import Lockstep
 from vllm_mlx.engine.types import GenerationRequest
 from vllm_mlx.engine.vision_stage import VisionStage
-from vllm_mlx.models.lora import adapter_refusal
+from vllm_mlx.models.lora import adapter_refusal, routing
 
 
 def slot_sampler(
@@ -62,3 +63,22 @@ def slot_refusal(
     if tokens and (min(tokens) < 0 or max(tokens) >= vocab_size):
         return f"the prompt has token ids outside the vocabulary (0 to {vocab_size - 1})"
     return None
+
+
+def read_prefix(
+    model: Any, prefix_cache: Any, request: GenerationRequest, vision: VisionStage | None
+) -> tuple[Any, int, Any]:
+    """(the prefix cache's hit, tokens reused, prompt logprobs): a lookup, or for n
+    sequences from one prefill or a prompt to score, that prefill run here. An image
+    request's features are encoded for the part the hit does not cover."""
+    keyed = keyed_cache(prefix_cache, request.adapter)
+    if request.shared is None and request.prompt_logprobs is None:
+        hit = keyed.lookup(request.prompt_tokens)
+        if request.vision is not None and vision is not None:
+            vision.encode(request, hit.cached)
+        return hit, hit.cached, None
+    if request.vision is not None and vision is not None:
+        vision.encode(request, 0)
+    with routing(model, request.adapter):  # its prefill runs the adapter
+        hit, reused, scores = shared_prefill(model, keyed, request)
+    return hit, reused, scores
