@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -107,3 +108,29 @@ def test_a_request_opts_out(daemon: DaemonProcess) -> None:
         assert "speculative" in bad.text
     client.chat.completions.create(model=SPEC, **kwargs)  # type: ignore[call-overload]
     assert drafts() > before  # and without the opt-out it drafts again
+
+
+def test_a_seeded_sampled_request_with_logprobs(daemon: DaemonProcess) -> None:
+    """Sampled rows speculate too: with a seed, the same text and logprobs as the same
+    weights without speculation (one request at a time: the same bits)."""
+
+    def drafted() -> float:
+        return value(scrape(daemon), "vllm:spec_decode_num_draft_tokens_total", model_name=SPEC)
+
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": PROMPT}]
+    kwargs = {"messages": messages, "max_tokens": 48, "temperature": 0.7, "top_p": 0.95,
+              "seed": 11, "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    before = drafted()
+    spec = client.chat.completions.create(model=SPEC, **kwargs)  # type: ignore[call-overload]
+    plain = client.chat.completions.create(model=PLAIN, **kwargs)  # type: ignore[call-overload]
+
+    def entries(done: Any) -> list[Any]:
+        return [
+            (t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+            for t in done.choices[0].logprobs.content
+        ]
+
+    assert spec.choices[0].message.content == plain.choices[0].message.content
+    assert entries(spec) == entries(plain) and len(entries(spec)) > 8
+    assert drafted() > before

@@ -135,10 +135,9 @@ def test_status_shows_each_speculating_requests_acceptance(speculative: Engine) 
     scheduler.on_step = lambda _prompt, _generated: seen.append(scheduler.snapshot())
     try:
         (request,) = greedy(speculative, PROMPTS[:1], max_tokens=40)
-        sampled = GenerationRequest(
-            "s", request.prompt_tokens, 8, SamplingParams(temperature=1.0, seed=3)
-        )
-        in_groups(speculative, [request, sampled], 2)
+        hot = SamplingParams(temperature=1.0, seed=3)
+        opted_out = GenerationRequest("s", request.prompt_tokens, 8, hot, speculative=False)
+        in_groups(speculative, [request, opted_out], 2)
     finally:
         scheduler.on_step = None
     rows = [row for snapshot in seen for row in snapshot if row["phase"] == "generation"]
@@ -147,7 +146,7 @@ def test_status_shows_each_speculating_requests_acceptance(speculative: Engine) 
     last = greedy_rows[-1]
     assert 0 < last["accepted_tokens"] <= last["drafted_tokens"]
     assert last["acceptance_rate"] == round(last["accepted_tokens"] / last["drafted_tokens"], 4)
-    # A sampled request does not speculate, and says nothing about it.
+    # A request that opted out does not speculate, and says nothing about it.
     assert all("speculative" not in r for r in rows if r["request_id"] == "s")
 
 
@@ -225,10 +224,13 @@ def test_the_prefix_cache_holds_only_accepted_kv(engine: Engine) -> None:
 def test_rows_that_do_not_speculate_keep_their_output(engine: Engine, speculative: Engine) -> None:
     def mixed(target: Engine) -> list[GenerationRequest]:
         prompt = chat(target, PROMPTS[0])
+        hot = SamplingParams(temperature=0.8, seed=5)
         return [
             GenerationRequest("greedy", prompt, 20, SamplingParams()),
-            GenerationRequest("sampled", prompt, 20, SamplingParams(temperature=0.8, seed=5)),
-            GenerationRequest("logprobs", prompt, 20, SamplingParams(), logprobs=2),
+            GenerationRequest("sampled", prompt, 20, hot, speculative=False),
+            GenerationRequest(
+                "logprobs", prompt, 20, SamplingParams(), logprobs=2, speculative=False
+            ),
             GenerationRequest("penalty", prompt, 20, SamplingParams(repetition_penalty=1.3)),
         ]
 
@@ -236,7 +238,7 @@ def test_rows_that_do_not_speculate_keep_their_output(engine: Engine, speculativ
     before = speculative.scheduler.stats.drafted_tokens
     have = in_groups(speculative, mixed(speculative), 4)
     assert [h[:2] for h in have] == [w[:2] for w in want]
-    assert speculative.scheduler.stats.drafted_tokens > before  # the greedy row drafted
+    assert speculative.scheduler.stats.drafted_tokens > before  # the greedy rows drafted
 
 
 def test_off_unless_configured(engine: Engine, reference: list[Any]) -> None:

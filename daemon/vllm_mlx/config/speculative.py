@@ -17,11 +17,12 @@ class SpeculativeSettings(Section):
     method: Literal["ngram"] | None = setting(
         None,
         Reload.MODEL,
-        "`ngram`: prompt lookup, model-free: each greedy request's next tokens are "
-        "proposed from what followed the latest earlier occurrence of its last n tokens "
-        "(prompt and reply), and the model checks them all in one pass; the output is "
-        "the same tokens as without it. Helps when the reply repeats its input (code "
-        "edits, quoting, JSON echoing keys). Unset: off (docs/speculative.md).",
+        "`ngram`: prompt lookup, model-free: a request's next tokens are proposed from "
+        "what followed the latest earlier occurrence of its last n tokens (prompt and "
+        "reply), and the model checks them all in one pass; greedy output is the same "
+        "tokens as without it, sampled output follows the same distribution. Helps when "
+        "the reply repeats its input (code edits, quoting, JSON echoing keys). Unset: "
+        "off (docs/speculative.md).",
     )
     num_tokens: int = setting(
         4,

@@ -39,28 +39,34 @@ def _filters(params: SamplingParams, vocab_size: int) -> list[Callable[[mx.array
     return filters
 
 
-def _seeded_sampler(params: SamplingParams, seed: int, vocab_size: int) -> Sampler:
+class SeededSampler:
     """A sampler with its own PRNG stream: the same seed gives the same tokens,
-    whatever else shares the batch."""
-    key = mx.random.key(seed % 2**64)  # signed 64-bit seeds fold into the key's uint64
-    filters = _filters(params, vocab_size)
-    inverse_temp = 1.0 / params.temperature
+    whatever else shares the batch. Each call takes the next key of the stream; a
+    speculative verify step (engine/speculative/draws.py) draws several positions ahead
+    with `draw` and the keys that follow `key`, then leaves `key` where drawing the
+    emitted tokens one at a time would have."""
 
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal key
-        key, step_key = mx.random.split(key)
-        for apply in filters:
+    def __init__(self, params: SamplingParams, seed: int, vocab_size: int) -> None:
+        self.key = mx.random.key(seed % 2**64)  # signed 64-bit seeds fold into the uint64
+        self.filters = _filters(params, vocab_size)
+        self.inverse_temp = 1.0 / params.temperature
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self.key, step_key = mx.random.split(self.key)
+        return self.draw(logprobs, step_key)
+
+    def draw(self, logprobs: mx.array, key: mx.array) -> mx.array:
+        """The token drawn from `logprobs` (one row, normalized) with `key`."""
+        for apply in self.filters:
             logprobs = apply(logprobs)
-        return mx.random.categorical(logprobs * inverse_temp, key=step_key)
-
-    return sample
+        return mx.random.categorical(logprobs * self.inverse_temp, key=key)
 
 
 def make_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
     if params.greedy:
         return greedy_sampler
     seed = secrets.randbits(64) if params.seed is None else params.seed
-    return _seeded_sampler(params, seed, vocab_size)
+    return SeededSampler(params, seed, vocab_size)
 
 
 class Fault:
@@ -89,18 +95,24 @@ def guard_processor(processor: LogitsProcessor, fault: Fault) -> LogitsProcessor
     return guarded
 
 
-def guard_sampler(sampler: Sampler, fault: Fault) -> Sampler:
+class GuardedSampler:
     """A sampler whose exception fails its own request; the batch gets a token anyway."""
 
-    def guarded(logprobs: mx.array) -> mx.array:
-        if fault.message is None:
+    def __init__(self, sampler: Sampler, fault: Fault) -> None:
+        self.sampler = sampler
+        self.fault = fault
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        if self.fault.message is None:
             try:
-                return sampler(logprobs)
+                return self.sampler(logprobs)
             except Exception as exc:
-                fault.record("sampling", exc)
+                self.fault.record("sampling", exc)
         return mx.argmax(logprobs, axis=-1)
 
-    return guarded
+
+def guard_sampler(sampler: Sampler, fault: Fault) -> GuardedSampler:
+    return GuardedSampler(sampler, fault)
 
 
 def make_processors(params: SamplingParams, max_tokens: int) -> list[LogitsProcessor]:

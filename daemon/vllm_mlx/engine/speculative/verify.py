@@ -4,11 +4,13 @@ A step normally feeds each row's pending token (sampled last step) and samples t
 When some opted-in rows have proposals, this step instead feeds every row its pending
 token followed by its proposal (rows without one: the pending token and filler), in one
 forward pass. Position 0 of every row is exactly the normal step (same logits, the same
-logits processors and sampler, so rows that do not speculate are unchanged); a greedy
-row then also accepts its proposal up to the first token the model would not have
-chosen, and takes the model's own token there as its next pending token. Each accepted
-token is the argmax of logits identical to decoding's (attention.py), so the output is
-token for token what decoding without speculation gives.
+logits processors and sampler, so rows that do not speculate are unchanged). A
+speculating row then draws at each later position the token decoding would have drawn
+there (draws.py: greedy or sampled, with its processors and its own random stream), and
+accepts its proposal up to the first token that differs from the draw; the draw there
+becomes its next pending token. Logits are those of decoding (attention.py), so greedy
+output is token for token decoding's, and sampled output follows the same distribution
+(the same tokens for a seeded request where the logits are the same bits).
 
 Stops and `max_tokens` are applied token by token over the accepted run, and a row's
 KV cache keeps exactly the positions of the tokens it emitted (rewind.py), so a
@@ -23,10 +25,18 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
-from mlx_lm.sample_utils import greedy_sampler
 
+from vllm_mlx.engine.logprobs import RawCapture
+from vllm_mlx.engine.sampling import make_processors
 from vllm_mlx.engine.speculative.attention import decode_equivalent_attention
 from vllm_mlx.engine.speculative.config import SpeculativeConfig
+from vllm_mlx.engine.speculative.draws import (
+    RowDraws,
+    decodes_like_a_step,
+    draw_until_rejected,
+    failed,
+)
+from vllm_mlx.engine.speculative.emit import apply_stops, responses
 from vllm_mlx.engine.speculative.ngram import NgramProposer
 from vllm_mlx.engine.speculative.plan import choose_width
 from vllm_mlx.engine.speculative.rewind import can_rewind, rewind
@@ -52,12 +62,17 @@ def model_supports(model: Any) -> bool:
 
 
 def eligible(request: GenerationRequest, sampler: Any, processors: Sequence[Any]) -> bool:
-    """Rows this slice speculates for: greedy, nothing reshaping or reading the logits,
-    the base model, text only. Every other row keeps the plain decode step."""
+    """Rows this slice speculates for: greedy or sampled with the request's own sampler,
+    with no logits processors but those its sampling parameters make (penalties and
+    logit_bias: functions of the history alone, so draws.py can run them ahead) and the
+    raw-logprobs capture, the base model, text only. Grammar-constrained rows (their
+    processor keeps a parser's state) and every other row keep the plain decode step."""
+    own = len(make_processors(request.sampling, request.max_tokens))
+    own += any(isinstance(p, RawCapture) for p in processors)
     return (
-        sampler is greedy_sampler
-        and not processors
-        and request.logprobs is None
+        decodes_like_a_step(sampler)
+        and len(processors) == own
+        and request.constraint is None
         and request.adapter is None
         and request.vision is None
         and request.speculative
@@ -162,6 +177,8 @@ class Speculator:
                 row = self._rows[uid] = _Row(proposer, self.config.num_tokens)
             else:
                 row.proposer.catch_up(batch.tokens[i])
+            if failed(batch.samplers[i]):
+                continue  # its sampling failed: the scheduler ends it after this step
             if row.pause:
                 row.pause -= 1
             elif row.proposer.has_match():
@@ -187,36 +204,34 @@ class Speculator:
         first, context = batch._process(inputs, logits[:, 0, :])
         logprobs = first - mx.logsumexp(first, axis=-1, keepdims=True)
         sampled = batch._sample(first, logprobs)
-        targets = mx.argmax(logits, axis=-1)
-        mx.eval(sampled, targets, context)
+        ahead = {i: RowDraws(batch, i, logits[i], d) for i, d in drafts.items()}
+        mx.eval(sampled, context)
         chosen: list[int] = sampled.tolist()
-        best: list[list[int]] = targets.tolist()  # type: ignore[assignment]
-        emitted, upcoming, accepted_at = [], [], {}
+        drawn = draw_until_rejected(ahead, chosen)
+        positions: list[list[mx.array]] = [[v] for v in logprobs]
+        emitted, upcoming = [], []
         for i, p in enumerate(pending):
-            proposal = drafts.get(i)
-            if proposal is None:
+            if i not in drawn:
                 emitted.append([p])
                 upcoming.append(chosen[i])
                 continue
-            n = 0
-            while n < len(proposal) and proposal[n] == best[i][n]:
-                n += 1
-            emitted.append([p, *proposal[:n]])
-            upcoming.append(best[i][n])
-            accepted_at[i] = n
-            rows[i].update(len(proposal), n, self.config.num_tokens)
-        finish = [_apply_stops(batch, i, tokens) for i, tokens in enumerate(emitted)]
-        self._count(drafts, emitted, rows)
+            # x_0..x_{n-1} equal the proposal's first n tokens; x_n is the next token.
+            n = len(drawn[i]) - 1
+            emitted.append([p, *drafts[i][:n]])
+            upcoming.append(drawn[i][n])
+            positions[i].extend(ahead[i].vectors[:n])
+            ahead[i].commit(n)
+            rows[i].update(len(drafts[i]), n, self.config.num_tokens)
+        finish = [apply_stops(batch, i, tokens) for i, tokens in enumerate(emitted)]
+        self._count({i: drafts[i] for i in drawn}, emitted, rows)
         rewind(batch.prompt_cache, width, [len(tokens) for tokens in emitted])
         for record, tokens in zip(batch.tokens, emitted, strict=True):
             record.extend(tokens)
         batch._next_tokens = mx.array(upcoming, dtype=inputs.dtype)
-        next_logprobs = list(logprobs)
-        for i, n in accepted_at.items():
-            next_logprobs[i] = _normalized(logits[i, n])
+        # Each row's next token was drawn at the position after its last emitted one.
+        batch._next_logprobs = [positions[i][len(t) - 1] for i, t in enumerate(emitted)]
         current = batch._current_logprobs
-        batch._next_logprobs = next_logprobs
-        return _responses(batch, emitted, finish, current, logits)
+        return responses(batch, emitted, finish, current, positions)
 
     def _count(
         self, drafts: dict[int, list[int]], emitted: list[list[int]], rows: dict[int, _Row]
@@ -237,53 +252,3 @@ class Speculator:
                 per_position.extend([0] * (len(proposal) - len(per_position)))
             for position in range(accepted):
                 per_position[position] += 1
-
-
-def _apply_stops(batch: Any, i: int, tokens: list[int]) -> str | None:
-    """Count and stop-match a row's emitted tokens in order, as the normal step does one
-    a step; cut the run after the token that finishes the row."""
-    for j, token in enumerate(tokens):
-        reason = None
-        batch._num_tokens[i] += 1
-        if batch._num_tokens[i] >= batch.max_tokens[i]:
-            reason = "length"
-        if batch._matchers[i].advance(token):
-            reason = "stop"
-        if reason is not None:
-            del tokens[j + 1 :]
-            return reason
-    return None
-
-
-def _normalized(row: mx.array) -> mx.array:
-    """Log-probabilities, lazily: evaluated only if a request reads them."""
-    return row - mx.logsumexp(row, axis=-1, keepdims=True)
-
-
-def _responses(
-    batch: Any,
-    emitted: list[list[int]],
-    finish: list[str | None],
-    current: list[mx.array],
-    logits: mx.array,
-) -> list[Any]:
-    """One response per emitted token, in order; finished rows leave the batch."""
-    responses, keep = [], []
-    for i, tokens in enumerate(emitted):
-        uid = batch.uids[i]
-        for j, token in enumerate(tokens):
-            # Token j > 0 is draft j - 1, which position j - 1 of the pass predicted.
-            logprobs = current[i] if j == 0 else _normalized(logits[i, j - 1])
-            reason = finish[i] if j == len(tokens) - 1 else None
-            if reason is None:
-                responses.append(batch.Response(uid, token, logprobs, None, None, None))
-            else:
-                cache = batch.extract_cache(i)
-                responses.append(
-                    batch.Response(uid, token, logprobs, reason, cache, batch.tokens[i])
-                )
-        if finish[i] is None:
-            keep.append(i)
-    if len(keep) < len(batch.uids):
-        batch.filter(keep)
-    return responses
