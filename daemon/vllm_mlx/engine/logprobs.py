@@ -117,7 +117,9 @@ class RawCapture:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         self._steps.append(logits)
-        return logits
+        # A new array for the processors after it: mlx-lm's repetition and presence
+        # penalties assign into the logits they get, which would change the kept ones.
+        return mx.array(logits)
 
     def pop(self) -> mx.array:
         logits = self._steps.popleft()[0].astype(mx.float32)

@@ -89,9 +89,10 @@ class RowDraws:
             context = mx.concatenate([self.history, drafted])
             for processor in self.processors:
                 if isinstance(processor, RawCapture):
-                    # Kept for commit: the same object, which the processors after it
-                    # may change in place, exactly as the capture in a decode step.
+                    # Kept for commit; the processors after it get a new array, as the
+                    # capture hands them in a decode step (penalties assign into it).
                     self.raw.append(row)
+                    row = mx.array(row)
                     continue
                 row = processor(context, row)
         vector = row - mx.logsumexp(row, axis=-1, keepdims=True)
