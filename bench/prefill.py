@@ -241,6 +241,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--skip-stall", action="store_true")
+    parser.add_argument(
+        "--stall", type=float, nargs="+", default=[3.0, 1.0], help="engine.max_prefill_stall values"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-mlx-prefill-"))
     model_dir = model_directory()
@@ -274,13 +277,17 @@ def main() -> int:
             work, model_dir, "vllm-mlx, max_prefill_stall: null",
             engine={"max_prefill_stall": None}, paths=private_cache(work, "unpaced"),
         )  # fmt: skip
-        paced = vllm_mlx_spec(
-            work,
-            model_dir,
-            "vllm-mlx, max_prefill_stall: 1.0 (default)",
-            paths=private_cache(work, "paced"),
-        )
-        stall_table([paced, unpaced, *([llama] if llama and not llama.skip else [])], work, 1)
+        paced = [
+            vllm_mlx_spec(
+                work,
+                model_dir,
+                f"vllm-mlx, max_prefill_stall: {stall}",
+                engine={"max_prefill_stall": stall},
+                paths=private_cache(work, f"paced-{stall}"),
+            )
+            for stall in args.stall
+        ]
+        stall_table([*paced, unpaced, *([llama] if llama and not llama.skip else [])], work, 1)
     print(f"load average at end: {load_average()}")
     return 0
 

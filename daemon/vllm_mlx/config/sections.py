@@ -113,7 +113,7 @@ class EngineSettings(Section):
         512, Reload.MODEL, "Prompt tokens processed per step per prompt.", ge=16
     )
     max_prefill_stall: float | None = setting(
-        1.0,
+        3.0,
         Reload.MODEL,
         "While sequences are decoding, each step's prefill chunk is sized to take about "
         "this many decode steps' time, so running streams' gap between tokens stays "

@@ -140,7 +140,7 @@ class SchedulerConfig:
     prefill_step_size: int = 512
     # A prefill chunk beside decoding takes about this many decode steps (None: the
     # whole prefill_step_size; engine/prefill_pacing.py).
-    max_prefill_stall: float | None = 1.0
+    max_prefill_stall: float | None = 3.0
     prefix_cache_bytes: int = 0  # 0 = no prefix cache
     paged_cache: bool = False  # token-block prefix cache (engine/cache/paged.py)
     disk_cache_bytes: int = 0  # the paged cache's disk tier, per model (0 = off)
