@@ -59,6 +59,15 @@ View view_of(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
           std::move(packed.fill)};
 }
 
+// Strided inputs (never the cache's) are packed in the task, once their contents exist.
+void fill_all(const View& q, const View& k, const View& v) {
+  for (const View* w : {&q, &k, &v}) {
+    if (w->fill) {
+      w->fill();
+    }
+  }
+}
+
 } // namespace
 
 mx::array sdpa_decode(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
@@ -121,12 +130,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   p.Dv = v.shape(3);
   p.scale = scale_;
   encoder.dispatch([p, qv, kv, vv]() {
-    // Strided inputs (never the cache's) are packed here, once their contents exist.
-    for (const View* w : {&qv, &kv, &vv}) {
-      if (w->fill) {
-        w->fill();
-      }
-    }
+    fill_all(qv, kv, vv);
     sdpa_decode(p);
   });
 }
@@ -199,11 +203,7 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
   p.Dv = v.shape(3);
   p.scale = scale_;
   encoder.dispatch([p, qv, kv, vv]() {
-    for (const View* w : {&qv, &kv, &vv}) {
-      if (w->fill) {
-        w->fill();
-      }
-    }
+    fill_all(qv, kv, vv);
     sdpa_prefill(p);
   });
 }
