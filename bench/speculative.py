@@ -1,17 +1,24 @@
-"""Prompt-lookup speculative decoding against plain decoding, one stream, on the bundled
-model, in one process and one run:
+"""Prompt-lookup speculative decoding against plain decoding on the bundled model, in one
+process and one run:
 
     python bench/speculative.py --out docs/bench/results-speculative.json
+    python bench/speculative.py --lines 300 --workloads "code edit" summarise
+    python bench/speculative.py --concurrency 16 --workloads "code edit" "open chat"
+    python bench/speculative.py --temperature 0.3 --seed 7   # sampled, seeded
 
-Workloads (greedy, single stream):
-- code edit: the prompt holds a ~100-line Python file and asks for it back with one
-  function renamed, so most of the reply repeats the prompt;
+Workloads:
+- code edit: the prompt holds a Python file of `--lines` lines (~100 by default) and asks
+  for it back with one function renamed, so most of the reply repeats the prompt;
+- summarise: a report and a request to summarise it quoting its key sentences (RAG
+  answers that quote);
 - open chat: a question whose answer repeats nothing (the cost side).
 
 For each, the same engine settings with and without `speculative: {method: ngram}` run
 alternately, `--rounds` times; reported: decode tokens/s (first token to last, so the
-shared prefill is left out), acceptance (accepted / drafted tokens), tokens emitted per
-verify step, and whether both produced the same tokens (they must).
+shared prefill is left out; with `--concurrency` N requests at once, the aggregate from
+the first first token to the last token), acceptance (accepted / drafted tokens), verify
+steps, and whether both produced the same tokens (greedy: they must; seeded sampling:
+they do whenever the logits are bit-identical, which batch 1 guarantees).
 """
 
 from __future__ import annotations
@@ -44,11 +51,13 @@ FUNCTIONS = [
 ]
 
 
-def code_file() -> str:
-    """A ~100-line module of small, regular functions (what an agent edits)."""
-    lines = ['"""Geometry helpers for rectangles."""', "", "import math", ""]
-    for name in FUNCTIONS:
-        lines += [
+def code_file(lines: int = 100) -> str:
+    """A module of about `lines` lines of small, regular functions (what an agent edits)."""
+    out = ['"""Geometry helpers for rectangles."""', "", "import math", ""]
+    i = 0
+    while len(out) < lines:
+        name = FUNCTIONS[i % len(FUNCTIONS)] + (f"_{i // len(FUNCTIONS)}" if i >= 10 else "")
+        out += [
             "",
             f"def {name}(rect, factor=1.0):",
             f'    """Return the {name} of a rectangle, scaled by factor."""',
@@ -60,7 +69,15 @@ def code_file() -> str:
             "    return round(result, 3)",
             "",
         ]
-    return "\n".join(lines)
+        i += 1
+    return "\n".join(out)
+
+
+def report() -> str:
+    """A ~600-token maintenance report (bench/prompts.py's document)."""
+    from bench.prompts import _document
+
+    return _document(600, 3)
 
 
 WORKLOADS = {
@@ -69,14 +86,21 @@ WORKLOADS = {
         "renaming the function `scale` to `resize`. Change nothing else. Reply with "
         "the complete file only."
     ),
+    "summarise": (
+        "Here is a report:\n\n{report}\n\nSummarise the report for the committee, "
+        "quoting its most important sentences word for word."
+    ),
     "open chat": "Write a short story about a lighthouse keeper who finds a map.",
 }
 
 
-async def _run(engine: Any, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
-    from vllm_mlx.engine.types import GenerationRequest, SamplingParams, TokensGenerated
+async def _run(
+    engine: Any, prompt: list[int], max_tokens: int, sampling: Any
+) -> tuple[list[int], float, float]:
+    """The tokens, and the times of the first and the last."""
+    from vllm_mlx.engine.types import GenerationRequest, TokensGenerated
 
-    request = GenerationRequest(f"b{time.monotonic_ns()}", prompt, max_tokens, SamplingParams())
+    request = GenerationRequest(f"b{time.monotonic_ns()}", prompt, max_tokens, sampling)
     tokens: list[int] = []
     first = last = 0.0
     async for event in engine.events(request):
@@ -84,7 +108,28 @@ async def _run(engine: Any, prompt: list[int], max_tokens: int) -> tuple[list[in
             last = time.perf_counter()
             first = first or last
             tokens.extend(event.tokens)
-    return tokens, (len(tokens) - 1) / max(last - first, 1e-9)
+    return tokens, first, last
+
+
+async def _batch(
+    engine: Any, prompts: list[list[int]], max_tokens: int, sampling: Any
+) -> tuple[list[list[int]], float]:
+    """Every prompt at once: each one's tokens, and the decode tok/s of them all."""
+    runs = await asyncio.gather(*(_run(engine, p, max_tokens, sampling) for p in prompts))
+    total = sum(len(tokens) - 1 for tokens, _, _ in runs)
+    span = max(last for _, _, last in runs) - min(first for _, first, _ in runs)
+    return [tokens for tokens, _, _ in runs], total / max(span, 1e-9)
+
+
+def prompts_for(tokenizer: Any, template: str, lines: int, concurrency: int) -> list[list[int]]:
+    """`concurrency` prompts of one workload, each distinct (request i, at the start)."""
+    text = template.format(code=code_file(lines), report=report())
+    out = []
+    for i in range(concurrency):
+        head = f"Request {i}. " if concurrency > 1 else ""
+        messages = [{"role": "user", "content": head + text}]
+        out.append(list(tokenizer.apply_chat_template(messages, add_generation_prompt=True)))
+    return out
 
 
 def main() -> int:
@@ -92,6 +137,11 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--num-tokens", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--lines", type=int, default=100, help="the code edit's file length")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from vllm_mlx.models.cpu import blas
@@ -101,37 +151,45 @@ def main() -> int:
     from vllm_mlx.engine.engine import Engine
     from vllm_mlx.engine.scheduler import SchedulerConfig
     from vllm_mlx.engine.speculative.config import SpeculativeConfig
+    from vllm_mlx.engine.types import SamplingParams
     from vllm_mlx.models.loader import load_generation_model
 
     settings = ModelSettings(name="bench", source="builtin:smollm2-135m-instruct")
     with tempfile.TemporaryDirectory() as cache_dir:
         loaded = load_generation_model(settings, Path(cache_dir))
     spec = SpeculativeConfig(num_tokens=args.num_tokens)
+    batch = max(16, args.concurrency)
     engines = {
-        "plain": Engine(loaded, SchedulerConfig(max_batch_size=16)),
-        "ngram": Engine(loaded, SchedulerConfig(max_batch_size=16, speculative=spec)),
+        "plain": Engine(loaded, SchedulerConfig(max_batch_size=batch)),
+        "ngram": Engine(loaded, SchedulerConfig(max_batch_size=batch, speculative=spec)),
     }
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     for engine in engines.values():
         engine.start()
-    results: dict[str, Any] = {"machine": describe("auto"), "num_tokens": args.num_tokens}
+    results: dict[str, Any] = {
+        "machine": describe("auto"),
+        "num_tokens": args.num_tokens,
+        "concurrency": args.concurrency,
+        "temperature": args.temperature,
+        "seed": args.seed,
+    }
     try:
-        for workload, template in WORKLOADS.items():
-            text = template.format(code=code_file())
-            messages = [{"role": "user", "content": text}]
-            prompt = list(
-                loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        for workload in args.workloads:
+            prompts = prompts_for(
+                loaded.tokenizer, WORKLOADS[workload], args.lines, args.concurrency
             )
-            row: dict[str, Any] = {"prompt_tokens": len(prompt)}
-            outputs: dict[str, list[int]] = {}
+            row: dict[str, Any] = {"prompt_tokens": len(prompts[0])}
+            outputs: dict[str, list[list[int]]] = {}
             for engine in engines.values():  # warm: the first pass allocates
-                asyncio.run(_run(engine, prompt, 16))
+                asyncio.run(_batch(engine, prompts[:1], 16, sampling))
             for _ in range(args.rounds):
                 for label, engine in engines.items():
                     stats = engine.scheduler.stats
                     before = (stats.drafted_tokens, stats.accepted_tokens, stats.speculative_steps)
-                    tokens, speed = asyncio.run(_run(engine, prompt, args.max_tokens))
+                    tokens, speed = asyncio.run(_batch(engine, prompts, args.max_tokens, sampling))
                     outputs[label] = tokens
-                    entry = row.setdefault(label, {"tok_s": [], "tokens": len(tokens)})
+                    count = sum(len(t) for t in tokens)
+                    entry = row.setdefault(label, {"tok_s": [], "tokens": count})
                     entry["tok_s"].append(round(speed, 2))
                     drafted = stats.drafted_tokens - before[0]
                     accepted = stats.accepted_tokens - before[1]
@@ -144,7 +202,7 @@ def main() -> int:
             median = {k: statistics.median(row[k]["tok_s"]) for k in engines}
             row["speedup"] = round(median["ngram"] / median["plain"], 3)
             results[workload] = row
-            print(workload, json.dumps(row))
+            print(workload, json.dumps(row), flush=True)
     finally:
         for engine in engines.values():
             engine.stop()
