@@ -1,6 +1,7 @@
-"""Prompt-lookup speculative decoding on a real daemon, through the OpenAI SDK: the same
-greedy text as the same weights without it (streamed and whole), and vLLM's
-spec_decode counters on /metrics for the model that speculates only."""
+"""Speculative decoding on a real daemon, through the OpenAI SDK: prompt lookup, and a
+draft model (a random tiny llama with the bundled tokenizer, named by its directory)
+give the same greedy text as the same weights without them (streamed and whole), and
+vLLM's spec_decode counters on /metrics for the models that speculate only."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 
 from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import scrape, value
+from tests.support.tiny_model import bundled_tokenizer_dir, make_tiny_model
 
-SPEC, PLAIN = "spec", "plain"
+SPEC, PLAIN, DRAFTED = "spec", "plain", "drafted"
 SOURCE = "builtin:smollm2-135m-instruct"
 PROMPT = (
     "Copy this code exactly:\n"
@@ -27,15 +29,19 @@ PROMPT = (
 def daemon(
     tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path
 ) -> Iterator[DaemonProcess]:
+    root = tmp_path_factory.mktemp("speculative")
+    tiny = make_tiny_model(root / "tiny", bundled_tokenizer_dir(model_cache_dir), "llama", 7)
     config = {
         "models": [
             {"name": SPEC, "source": SOURCE,
              "speculative": {"method": "ngram", "num_tokens": 4}},
             {"name": PLAIN, "source": SOURCE, "load": "startup"},
+            {"name": DRAFTED, "source": SOURCE, "load": "startup",
+             "speculative": {"method": "draft", "draft_model": str(tiny), "num_tokens": 3}},
         ],
         "metrics": {"enabled": True},
     }  # fmt: skip
-    with running(tmp_path_factory.mktemp("speculative"), model_cache_dir, config) as process:
+    with running(root, model_cache_dir, config) as process:
         yield process
 
 
@@ -64,21 +70,40 @@ def test_same_text_and_the_counters(daemon: DaemonProcess) -> None:
     assert whole(SPEC) == streamed == plain and "return w * h" in plain
 
     metrics = scrape(daemon)
-    drafted = value(metrics, "vllm:spec_decode_num_draft_tokens_total", model_name=SPEC)
-    accepted = value(metrics, "vllm:spec_decode_num_accepted_tokens_total", model_name=SPEC)
+    drafted = value(metrics, "vllm:spec_decode_num_draft_tokens_total", model_name=SPEC, method="ngram")
+    accepted = value(metrics, "vllm:spec_decode_num_accepted_tokens_total", model_name=SPEC, method="ngram")
     first = value(
         metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-        model_name=SPEC, position="0",
+        model_name=SPEC, method="ngram", position="0",
     )  # fmt: skip
     assert drafted > 0 and 0 < accepted <= drafted and 0 < first <= accepted
-    assert value(metrics, "vllm:spec_decode_num_drafts_total", model_name=SPEC) >= first
+    assert value(metrics, "vllm:spec_decode_num_drafts_total", model_name=SPEC, method="ngram") >= first
     assert not [key for key in metrics if "spec_decode" in key[0] and (
         ("model_name", PLAIN) in key[1])]  # fmt: skip
 
 
+def test_a_draft_model_changes_nothing_and_is_counted(daemon: DaemonProcess) -> None:
+    """The random draft is rarely right: the text is the plain model's all the same, and
+    its rows soon stop proposing (docs/speculative.md, "A bad draft")."""
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+    kwargs = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 48,
+              "temperature": 0}  # fmt: skip
+    drafted = client.chat.completions.create(model=DRAFTED, **kwargs)  # type: ignore[call-overload]
+    stream = client.chat.completions.create(model=DRAFTED, stream=True, **kwargs)  # type: ignore[call-overload]
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    plain = client.chat.completions.create(model=PLAIN, **kwargs)  # type: ignore[call-overload]
+    text = plain.choices[0].message.content
+    assert drafted.choices[0].message.content == streamed == text
+    metrics = scrape(daemon)
+    labels = {"model_name": DRAFTED, "method": "draft"}
+    proposed = value(metrics, "vllm:spec_decode_num_draft_tokens_total", **labels)
+    accepted = value(metrics, "vllm:spec_decode_num_accepted_tokens_total", **labels)
+    assert proposed > 0 and accepted <= proposed
+
+
 def test_a_request_opts_out(daemon: DaemonProcess) -> None:
     def drafts() -> float:
-        return value(scrape(daemon), "vllm:spec_decode_num_drafts_total", model_name=SPEC)
+        return value(scrape(daemon), "vllm:spec_decode_num_drafts_total", model_name=SPEC, method="ngram")
 
     client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": PROMPT}]
@@ -115,7 +140,7 @@ def test_a_seeded_sampled_request_with_logprobs(daemon: DaemonProcess) -> None:
     weights without speculation (one request at a time: the same bits)."""
 
     def drafted() -> float:
-        return value(scrape(daemon), "vllm:spec_decode_num_draft_tokens_total", model_name=SPEC)
+        return value(scrape(daemon), "vllm:spec_decode_num_draft_tokens_total", model_name=SPEC, method="ngram")
 
     client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": PROMPT}]

@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from tests.support.speculative import PROMPTS, chat, greedy, in_groups
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.speculative import SpeculativeSettings
 from vllm_mlx.engine.cache.rows import BatchKVCache
@@ -21,69 +22,16 @@ from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.speculative import verify
 from vllm_mlx.engine.speculative.config import SpeculativeConfig
 from vllm_mlx.engine.speculative.rewind import rewind
-from vllm_mlx.engine.types import (
-    Finished,
-    GenerationRequest,
-    SamplingParams,
-    SequenceFinished,
-    TextDelta,
-    TokensGenerated,
-)
+from vllm_mlx.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
 
 # position_cost 0: every proposal is checked, in batches too (the default plan skips
 # passes it expects to cost more than they save), so every rewind path runs.
 SPEC = SpeculativeConfig(num_tokens=4, ngram_min=2, ngram_max=4, position_cost=0.0)
-CODE = "def area(w, h):\n    return w * h\n\ndef total(items):\n    return sum(items)\n"
-SUBJECTS = ["apples", "rivers", "planets", "violins", "castles", "lanterns"]
-TEMPLATES = [
-    "Repeat this text exactly: the {s} are red, the {s} are blue, the {s} are here.",
-    "Copy this code and rename area to {s}_area:\n" + CODE,
-    "Write the list '{s} 1, {s} 2, {s} 3' and continue it to {s} 9.",
-    "Quote this line three times: I like {s} and {s} like me.",
-]
-PROMPTS = [t.format(s=s) for s in SUBJECTS for t in TEMPLATES]  # 24 prompts
-MAX_TOKENS = 20
-
-
-def chat(engine: Engine, text: str) -> list[int]:
-    messages = [{"role": "user", "content": text}]
-    return list(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-
-
-async def tokens_of(engine: Engine, request: GenerationRequest) -> tuple[list[int], str, int]:
-    """(generated ids, finish reason, prompt tokens the finished sequence stored)."""
-    out: list[int] = []
-    async for event in engine.events(request):
-        if isinstance(event, TokensGenerated):
-            out.extend(event.tokens)
-        elif isinstance(event, SequenceFinished):
-            return out, event.reason.value, event.cache_stored
-    raise AssertionError("no SequenceFinished")
-
-
-def in_groups(engine: Engine, requests: Sequence[GenerationRequest], size: int) -> list[Any]:
-    """Each group of `size` requests submitted together, groups one after another."""
-
-    async def main() -> list[Any]:
-        out: list[Any] = []
-        for start in range(0, len(requests), size):
-            group = requests[start : start + size]
-            out += await asyncio.gather(*(tokens_of(engine, r) for r in group))
-        return out
-
-    return asyncio.run(main())
-
-
-def greedy(engine: Engine, texts: Sequence[str], max_tokens: int = MAX_TOKENS) -> list[Any]:
-    return [
-        GenerationRequest(f"g{i}", chat(engine, t), max_tokens, SamplingParams())
-        for i, t in enumerate(texts)
-    ]
 
 
 @pytest.fixture(scope="module")
 def speculative(engine: Engine) -> Iterator[Engine]:
-    fresh = Engine(engine.loaded, SchedulerConfig(max_batch_size=8, speculative=SPEC))
+    fresh = Engine(engine.loaded, SchedulerConfig(max_batch_size=16, speculative=SPEC))
     fresh.start()
     yield fresh
     fresh.stop()
@@ -91,11 +39,11 @@ def speculative(engine: Engine) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def reference(engine: Engine) -> list[Any]:
-    """Every prompt decoded without speculation (8 at a time)."""
+    """Every prompt decoded without speculation (8 at a time: the module's engine)."""
     return in_groups(engine, greedy(engine, PROMPTS), 8)
 
 
-@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("batch", [1, 4, 16])
 def test_greedy_output_is_identical_alone_and_in_a_batch(
     speculative: Engine, reference: list[Any], batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -324,15 +324,17 @@ def speculative_samples(state: ServerState) -> list[SpeculativeSample]:
     """Each speculating model's counters (models/engine: plain ints on the engine)."""
     samples = []
     for entry in state.registry.entries():
-        if entry.settings.speculative.method is None:
+        method = entry.settings.speculative.method
+        if method is None:
             continue
         if entry.engine is None:
-            samples.append(SpeculativeSample(entry.settings.name))
+            samples.append(SpeculativeSample(entry.settings.name, method))
             continue
         stats = entry.engine.scheduler.stats
         samples.append(
             SpeculativeSample(
                 entry.settings.name,
+                method,
                 stats.drafts,
                 stats.drafted_tokens,
                 stats.accepted_tokens,

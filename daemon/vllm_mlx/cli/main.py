@@ -135,7 +135,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             key = "memory.budget_mb" if memory.budget_mb is not None else "memory.budget_percent"
             print(f"error: {where}: {key}: {problem}", file=sys.stderr)
             return 1
-    if any(model.adapters for model in loaded.settings.models):
+    models = loaded.settings.models
+    if any(model.adapters or model.speculative.draft_model for model in models):
         problems = adapter_problems(loaded)
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -146,12 +147,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def adapter_problems(loaded: LoadedConfig) -> list[str]:
-    """Adapters that do not fit their base model's shape, each at its file:line."""
+    """Adapters that do not fit their base model's shape, and draft models without
+    their target's tokenizer, each at its file:line."""
     choose_blas(loaded.settings.engine.blas)  # a bundled GGUF may be imported to read it
     from vllm_mlx.config.file import read_config_file
     from vllm_mlx.models.adapter_fit import adapter_fit_problems
+    from vllm_mlx.models.draft import draft_tokenizer_problems
 
-    found = list(adapter_fit_problems(loaded.settings))
+    settings = loaded.settings
+    found = list(adapter_fit_problems(settings))
+    found += draft_tokenizer_problems(settings.models, settings.resolved_cache_dir())
     if not found:
         return []
     positions = read_config_file(loaded.path)[1] if loaded.path else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +38,42 @@ def check_unique_model_ids(models: list[ModelSettings]) -> None:
                     loc,
                 )
             seen[model_id] = index
+
+
+def named_model(models: Sequence[ModelSettings], name: str) -> ModelSettings | None:
+    """The configured model a `draft_model` names (by name or alias), if any."""
+    for model in models:
+        if name == model.name or name in model.aliases:
+            return model
+    return None
+
+
+def check_draft_models(models: Sequence[ModelSettings]) -> None:
+    """Raise LocatedError at a `draft_model` that is neither a configured generation
+    model nor a source that can be served."""
+    for index, model in enumerate(models):
+        name = model.speculative.draft_model
+        if model.speculative.method != "draft" or name is None:
+            continue
+        where = (index, "speculative", "draft_model")
+        named = named_model(models, name)
+        if named is not None:
+            if named.task != "generate":
+                raise LocatedError(
+                    f"draft_model {name!r} is a `task: {named.task}` model; a draft "
+                    "generates text (task: generate)",
+                    where,
+                )
+            continue
+        try:
+            check_source(name)
+        except ValueError as exc:
+            served = ", ".join(m.name for m in models)
+            raise LocatedError(
+                f"draft_model {name!r} is neither a model in `models` ({served}) nor a "
+                f"source that can be served: {exc}",
+                where,
+            ) from exc
 
 
 MAX_WARM_PROMPT_BYTES = 1024 * 1024  # a system prompt, not a corpus
@@ -213,8 +250,9 @@ class ModelSettings(Section):
     speculative: SpeculativeSettings = setting(
         SpeculativeSettings(),
         Reload.MODEL,
-        "Speculative decoding inside the continuous batch: `method` (`ngram` or unset), "
-        "`num_tokens`, `ngram_min`, `ngram_max` (docs/speculative.md).",
+        "Speculative decoding inside the continuous batch: `method` (`ngram`, `draft` or "
+        "unset), `draft_model`, `num_tokens`, `ngram_min`, `ngram_max` "
+        "(docs/speculative.md).",
     )
     adapters: list[AdapterSettings] = setting(
         [],

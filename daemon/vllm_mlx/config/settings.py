@@ -26,7 +26,7 @@ from vllm_mlx.config.fields import (
 from vllm_mlx.config.limits import LimitsSettings
 from vllm_mlx.config.mcp import McpSettings
 from vllm_mlx.config.memory import MemorySettings
-from vllm_mlx.config.model import ModelSettings, check_unique_model_ids
+from vllm_mlx.config.model import ModelSettings, check_draft_models, check_unique_model_ids
 from vllm_mlx.config.ollama import OllamaSettings, overlaps
 from vllm_mlx.config.sections import (
     DefaultsSettings,
@@ -103,6 +103,7 @@ class Settings(BaseSettings):
     @classmethod
     def _unique_model_ids(cls, models: list[ModelSettings]) -> list[ModelSettings]:
         check_unique_model_ids(models)
+        check_draft_models(models)
         return models
 
     @model_validator(mode="after")

@@ -1,5 +1,5 @@
-"""A model's `speculative` section: prompt-lookup (n-gram) speculative decoding
-(docs/speculative.md)."""
+"""A model's `speculative` section: speculative decoding by prompt lookup (n-gram) or a
+draft model (docs/speculative.md)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,25 @@ MAX_NGRAM = 32
 
 
 class SpeculativeSettings(Section):
-    method: Literal["ngram"] | None = setting(
+    method: Literal["ngram", "draft"] | None = setting(
         None,
         Reload.MODEL,
         "`ngram`: prompt lookup, model-free: a request's next tokens are proposed from "
         "what followed the latest earlier occurrence of its last n tokens (prompt and "
         "reply), and the model checks them all in one pass; greedy output is the same "
         "tokens as without it, sampled output follows the same distribution. Helps when "
-        "the reply repeats its input (code edits, quoting, JSON echoing keys). Unset: "
+        "the reply repeats its input (code edits, quoting, JSON echoing keys). `draft`: "
+        "a small model with the same tokenizer (`draft_model`) proposes them. Unset: "
         "off (docs/speculative.md).",
+    )
+    draft_model: str | None = setting(
+        None,
+        Reload.MODEL,
+        "For `method: draft`: the draft model, the name of another model in `models` "
+        "(its source and dtype are used) or a source as in `source`. It must have this "
+        "model's tokenizer (same vocabulary and special tokens), checked when it loads "
+        "and by check-config when both models' files are on the machine.",
+        min_length=1,
     )
     num_tokens: int = setting(
         4,
@@ -46,6 +56,20 @@ class SpeculativeSettings(Section):
         ge=1,
         le=MAX_NGRAM,
     )
+
+    @model_validator(mode="after")
+    def _draft_model_named(self) -> SpeculativeSettings:
+        if self.method == "draft" and self.draft_model is None:
+            raise LocatedError(
+                "method draft needs draft_model: a model in `models` or a source",
+                ("draft_model",),
+            )
+        if self.method != "draft" and self.draft_model is not None:
+            raise LocatedError(
+                f"draft_model is used by method draft only (method is {self.method})",
+                ("draft_model",),
+            )
+        return self
 
     @model_validator(mode="after")
     def _ngram_range(self) -> SpeculativeSettings:

@@ -36,6 +36,7 @@ class Engine:
             lockstep=loaded.lockstep,
             disk=_disk_tier(loaded, config),
             vision=loaded.vision,
+            draft=loaded.draft.model if loaded.draft is not None else None,
         )
         # The Hugging Face tokenizer inside mlx-lm's wrapper; llguidance reads its table.
         hf_tokenizer = getattr(loaded.tokenizer, "_tokenizer", loaded.tokenizer)

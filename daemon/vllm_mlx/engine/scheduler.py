@@ -45,7 +45,8 @@ from vllm_mlx.engine.scheduler_state import (
 # Re-exported: the engine's users import the config from here.
 from vllm_mlx.engine.scheduler_state import SchedulerConfig as SchedulerConfig
 from vllm_mlx.engine.slot_setup import read_prefix, slot_processors, slot_refusal, slot_sampler
-from vllm_mlx.engine.speculative.verify import Speculator, eligible, model_supports
+from vllm_mlx.engine.speculative.setup import can_speculate, make_speculator
+from vllm_mlx.engine.speculative.verify import Speculator, eligible
 from vllm_mlx.engine.types import (
     EngineEvent,
     FinishReason,
@@ -71,8 +72,10 @@ class Scheduler:
         lockstep: Lockstep | None = None,
         disk: Callable[[], DiskBlockStore] | None = None,
         vision: VisionTower | None = None,
+        draft: Any = None,
     ) -> None:
         self._model = model
+        self._draft = draft  # a draft model for `speculative: {method: draft}`
         # A vision-language model: image requests encode here before they prefill.
         self.vision = VisionStage(vision) if vision is not None else None
         self.lockstep = lockstep
@@ -92,8 +95,8 @@ class Scheduler:
         self._generator: BatchGenerator | None = None
         self.stats = SchedulerStats()
         # Not across a group of ranks yet: each rank would have to draft alike.
-        spec = config.speculative is not None and lockstep is None
-        self._speculates = spec and model_supports(model)
+        spec = config.speculative if lockstep is None else None
+        self._speculates = can_speculate(spec, model, draft)
         self._speculator: Speculator | None = None
         self.on_step: StepHook | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -158,7 +161,8 @@ class Scheduler:
     def _make_generator(self) -> BatchGenerator:
         self._speculator = None
         if self._speculates and self._config.speculative is not None:
-            self._speculator = Speculator(self._config.speculative, self.stats)
+            spec = self._config.speculative
+            self._speculator = make_speculator(spec, self.stats, self._model, self._draft)
         # Every rank of a distributed group must cut prompts alike: no pacing by time there.
         paced = self.lockstep is None
         return make_generator(self._model, self._config, self._eos, self._speculator, paced)

@@ -247,7 +247,7 @@ def with_speculative(config: SchedulerConfig, spec: SpeculativeSettings) -> Sche
     """`config` with a model's speculative section (unset method: unchanged, off)."""
     if spec.method is None:
         return config
-    chosen = SpeculativeConfig(spec.num_tokens, spec.ngram_min, spec.ngram_max)
+    chosen = SpeculativeConfig(spec.num_tokens, spec.ngram_min, spec.ngram_max, spec.method)
     return replace(config, speculative=chosen)
 
 

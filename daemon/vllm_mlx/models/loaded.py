@@ -25,6 +25,8 @@ class LoadedModel:
     kv_itemsize: int | None = None
     # A vision-language model's image tower and processor (models/vision.VisionTower).
     vision: Any = None
+    # The draft model of `speculative: {method: draft}` (models/draft.py), same tokenizer.
+    draft: LoadedModel | None = None
 
 
 class Embedder(Protocol):

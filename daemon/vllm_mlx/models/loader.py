@@ -84,10 +84,14 @@ def context_length_in(config: dict[str, Any]) -> int:
 
 
 def load_model(
-    model: ModelSettings, cache_dir: Path, engine: EngineSettings | None = None
+    model: ModelSettings,
+    cache_dir: Path,
+    engine: EngineSettings | None = None,
+    draft: ModelSettings | None = None,
 ) -> LoadedModel | LoadedEmbeddingModel | LoadedSpeechModel:
     """The model in memory: an mlx-lm model, an embedding model for `task: embed`, a
-    Whisper model for `task: transcribe`."""
+    Whisper model for `task: transcribe`. `draft`: a generation model's draft model
+    (models/draft.py), loaded beside it."""
     if model.task == "embed":
         from vllm_mlx.models.embedding import load_embedding_model
 
@@ -99,7 +103,23 @@ def load_model(
 
         resolved = resolve_model_dir(model, cache_dir)
         return load_speech_model(model, speech_model_dir(model, resolved, cache_dir))
-    return load_generation_model(model, cache_dir)
+    loaded = load_generation_model(model, cache_dir)
+    if draft is not None:
+        loaded.draft = load_draft(model, draft, loaded, cache_dir)
+    return loaded
+
+
+def load_draft(
+    model: ModelSettings, draft: ModelSettings, target: LoadedModel, cache_dir: Path
+) -> LoadedModel:
+    """`model`'s draft model, refused (ValueError) unless it has the target's tokenizer."""
+    from vllm_mlx.models.draft import refusal, tokenizer_mismatch
+
+    loaded = load_generation_model(draft, cache_dir)
+    why = tokenizer_mismatch(target.tokenizer, loaded.tokenizer)
+    if why is not None:
+        raise ValueError(refusal(model, draft, why))
+    return loaded
 
 
 def load_reranker(

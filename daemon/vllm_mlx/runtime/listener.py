@@ -9,9 +9,11 @@ from typing import Any
 from granian.constants import Interfaces
 from granian.server.embed import Server
 
+from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.launcher import current_rank
-from vllm_mlx.engine.fleet.registry import Loader
+from vllm_mlx.engine.fleet.registry import Loaded, Loader
+from vllm_mlx.models.draft import draft_settings
 from vllm_mlx.models.loader import load_model
 from vllm_mlx.runtime.lifecycle import RequestTracker
 
@@ -33,7 +35,11 @@ class Listener:
 
 def model_loader(settings: Settings) -> Loader:
     cache_dir = settings.resolved_cache_dir()
-    base = lambda model: load_model(model, cache_dir, settings.engine)  # noqa: E731
+    models = settings.models
+
+    def base(model: ModelSettings) -> Loaded:
+        return load_model(model, cache_dir, settings.engine, draft_settings(models, model))
+
     rank = current_rank()  # rank 0 of a distributed group shards its model
     return base if rank is None else rank.loader(base, settings)
 

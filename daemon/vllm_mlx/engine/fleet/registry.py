@@ -306,7 +306,8 @@ def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> No
         entry.kv_token_bytes = 0
     else:  # a vision model's tower (and connector) beside its text model
         tower = module_bytes(getattr(loaded.vision, "encoder", None))
-        entry.weights_bytes = module_bytes(loaded.model) + tower
+        draft = module_bytes(loaded.draft.model) if loaded.draft is not None else 0
+        entry.weights_bytes = module_bytes(loaded.model) + tower + draft
         kv = entry.settings.kv_cache
         itemsize = loaded.kv_itemsize or activation_itemsize(loaded.model)
         entry.kv_token_bytes = kv_bytes_per_token(loaded.model, kv.bits, kv.group_size, itemsize)

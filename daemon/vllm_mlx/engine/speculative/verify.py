@@ -30,6 +30,7 @@ from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import make_processors
 from vllm_mlx.engine.speculative.attention import decode_equivalent_attention
 from vllm_mlx.engine.speculative.config import SpeculativeConfig
+from vllm_mlx.engine.speculative.draft import DraftModel, RowSequence
 from vllm_mlx.engine.speculative.draws import (
     RowDraws,
     decodes_like_a_step,
@@ -86,7 +87,7 @@ class _Row:
     model on 2 CPU cores against ~37 ms a step), so a row whose proposals keep failing
     proposes fewer tokens, then pauses, instead of paying for tokens that are rejected."""
 
-    proposer: NgramProposer
+    proposer: NgramProposer | None  # None: the draft model proposes
     limit: int
     rate: float = 0.6  # recent fraction of its proposed tokens accepted
     misses: int = 0  # verify steps in a row that accepted nothing
@@ -107,17 +108,22 @@ class _Row:
 
 
 class Speculator:
-    """Prompt lookup for the rows registered with `add`, run by the decode batch."""
+    """Proposals (prompt lookup, or a draft model's) for the rows registered with `add`,
+    checked by the decode batch."""
 
     def __init__(
         self,
         config: SpeculativeConfig,
         counters: Counters,
         max_positions: int = MAX_VERIFY_POSITIONS,
+        draft: DraftModel | None = None,
+        draft_cost: float = 0.0,
     ) -> None:
         self.config = config
         self.counters = counters
         self.max_positions = max_positions
+        self.draft = draft
+        self.draft_cost = draft_cost
         # uid -> its state, built when the row first reaches the decode batch.
         self._rows: dict[int, _Row | None] = {}
 
@@ -126,6 +132,8 @@ class Speculator:
 
     def forget(self, uid: int) -> None:
         self._rows.pop(uid, None)
+        if not self._rows and self.draft is not None:
+            self.draft.clear()  # its cache's rows all finished
 
     def acceptance(self, uid: int) -> tuple[int, int] | None:
         """A speculating request's (proposed, accepted) tokens so far; None for a request
@@ -148,13 +156,14 @@ class Speculator:
             return None
         mx.eval(batch._next_tokens)
         pending: list[int] = batch._next_tokens.tolist()
-        drafts: dict[int, list[int]] = {}
-        for i, row in candidates:
-            row.proposer.append(pending[i])  # emitted this step, whichever step runs
-            room = batch.max_tokens[i] - batch._num_tokens[i] - 1
-            proposal = row.proposer.propose(min(width, room, row.limit))
-            if proposal:
-                drafts[i] = proposal
+        wanted = {
+            i: min(width, row.limit, batch.max_tokens[i] - batch._num_tokens[i] - 1)
+            for i, row in candidates
+        }
+        if self.draft is None:
+            drafts = self._looked_up(pending, candidates, wanted)
+        else:
+            drafts = self._drafted(batch, pending, wanted, self.draft)
         rows = dict(candidates)
         width = self._plan(len(batch.uids), [(len(d), rows[i].rate) for i, d in drafts.items()])
         if width < 1:
@@ -162,9 +171,36 @@ class Speculator:
         drafts = {i: d[:width] for i, d in drafts.items()}
         return self._verify(batch, pending, drafts, rows)
 
+    def _looked_up(
+        self, pending: list[int], candidates: list[tuple[int, _Row]], wanted: dict[int, int]
+    ) -> dict[int, list[int]]:
+        drafts = {}
+        for i, row in candidates:
+            assert row.proposer is not None
+            row.proposer.append(pending[i])  # emitted this step, whichever step runs
+            proposal = row.proposer.propose(wanted[i])
+            if proposal:
+                drafts[i] = proposal
+        return drafts
+
+    def _drafted(
+        self, batch: Any, pending: list[int], wanted: dict[int, int], draft: DraftModel
+    ) -> dict[int, list[int]]:
+        """The draft's proposals for the candidates; every speculating row of the batch
+        (paused ones too) is kept in the draft's cache, in step with its sequence."""
+        sequences: dict[int, RowSequence] = {
+            uid: (batch.tokens[i], pending[i])
+            for i, uid in enumerate(batch.uids)
+            if self._rows.get(uid) is not None
+        }
+        uids = batch.uids
+        proposed = draft.propose(sequences, {uids[i]: n for i, n in wanted.items()})
+        return {i: proposed[uids[i]] for i in wanted if proposed.get(uids[i])}
+
     def _plan(self, rows: int, proposals: list[tuple[int, float]]) -> int:
         config = self.config
-        return choose_width(rows, proposals, config.position_cost, config.row_cost)
+        cost = self.draft_cost
+        return choose_width(rows, proposals, config.position_cost, config.row_cost, cost)
 
     def _candidates(self, batch: Any) -> list[tuple[int, _Row]]:
         out = []
@@ -173,15 +209,17 @@ class Speculator:
                 continue
             row = self._rows[uid]
             if row is None:
-                proposer = NgramProposer(self.config, batch.tokens[i])
+                proposer = None
+                if self.draft is None:
+                    proposer = NgramProposer(self.config, batch.tokens[i])
                 row = self._rows[uid] = _Row(proposer, self.config.num_tokens)
-            else:
+            elif row.proposer is not None:
                 row.proposer.catch_up(batch.tokens[i])
             if failed(batch.samplers[i]):
                 continue  # its sampling failed: the scheduler ends it after this step
             if row.pause:
                 row.pause -= 1
-            elif row.proposer.has_match():
+            elif row.proposer is None or row.proposer.has_match():
                 out.append((i, row))
         return out
 

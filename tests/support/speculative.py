@@ -1,0 +1,67 @@
+"""What the speculative-decoding engine tests share: 50 prompts (most with replies that
+repeat their input, some open-ended), greedy requests, and running them in groups."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_mlx.engine.engine import Engine
+from vllm_mlx.engine.types import (
+    GenerationRequest,
+    SamplingParams,
+    SequenceFinished,
+    TokensGenerated,
+)
+
+CODE = "def area(w, h):\n    return w * h\n\ndef total(items):\n    return sum(items)\n"
+SUBJECTS = [
+    "apples", "rivers", "planets", "violins", "castles",
+    "lanterns", "bridges", "meadows", "comets", "harbors",
+]  # fmt: skip
+TEMPLATES = [
+    "Repeat this text exactly: the {s} are red, the {s} are blue, the {s} are here.",
+    "Copy this code and rename area to {s}_area:\n" + CODE,
+    "Write the list '{s} 1, {s} 2, {s} 3' and continue it to {s} 9.",
+    "Quote this line three times: I like {s} and {s} like me.",
+    "Tell me one fact about {s}.",
+]
+PROMPTS = [t.format(s=s) for s in SUBJECTS for t in TEMPLATES]  # 50 prompts
+MAX_TOKENS = 20
+
+
+def chat(engine: Engine, text: str) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    return list(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+async def tokens_of(engine: Engine, request: GenerationRequest) -> tuple[list[int], str, int]:
+    """(generated ids, finish reason, prompt tokens the finished sequence stored)."""
+    out: list[int] = []
+    async for event in engine.events(request):
+        if isinstance(event, TokensGenerated):
+            out.extend(event.tokens)
+        elif isinstance(event, SequenceFinished):
+            return out, event.reason.value, event.cache_stored
+    raise AssertionError("no SequenceFinished")
+
+
+def in_groups(engine: Engine, requests: Sequence[GenerationRequest], size: int) -> list[Any]:
+    """Each group of `size` requests submitted together, groups one after another."""
+
+    async def main() -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, len(requests), size):
+            group = requests[start : start + size]
+            out += await asyncio.gather(*(tokens_of(engine, r) for r in group))
+        return out
+
+    return asyncio.run(main())
+
+
+def greedy(engine: Engine, texts: Sequence[str], max_tokens: int = MAX_TOKENS) -> list[Any]:
+    return [
+        GenerationRequest(f"g{i}", chat(engine, t), max_tokens, SamplingParams())
+        for i, t in enumerate(texts)
+    ]
