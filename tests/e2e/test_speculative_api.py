@@ -18,6 +18,7 @@ from tests.e2e.ops_support import scrape, value
 from tests.support.tiny_model import bundled_tokenizer_dir, make_tiny_model
 
 SPEC, PLAIN, DRAFTED = "spec", "plain", "drafted"
+NGRAM = {"model_name": SPEC, "method": "ngram"}  # the prompt-lookup model's metric labels
 SOURCE = "builtin:smollm2-135m-instruct"
 PROMPT = (
     "Copy this code exactly:\n"
@@ -70,14 +71,14 @@ def test_same_text_and_the_counters(daemon: DaemonProcess) -> None:
     assert whole(SPEC) == streamed == plain and "return w * h" in plain
 
     metrics = scrape(daemon)
-    drafted = value(metrics, "vllm:spec_decode_num_draft_tokens_total", model_name=SPEC, method="ngram")
-    accepted = value(metrics, "vllm:spec_decode_num_accepted_tokens_total", model_name=SPEC, method="ngram")
+    drafted = value(metrics, "vllm:spec_decode_num_draft_tokens_total", **NGRAM)
+    accepted = value(metrics, "vllm:spec_decode_num_accepted_tokens_total", **NGRAM)
     first = value(
         metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
         model_name=SPEC, method="ngram", position="0",
     )  # fmt: skip
     assert drafted > 0 and 0 < accepted <= drafted and 0 < first <= accepted
-    assert value(metrics, "vllm:spec_decode_num_drafts_total", model_name=SPEC, method="ngram") >= first
+    assert value(metrics, "vllm:spec_decode_num_drafts_total", **NGRAM) >= first
     assert not [key for key in metrics if "spec_decode" in key[0] and (
         ("model_name", PLAIN) in key[1])]  # fmt: skip
 
@@ -103,7 +104,7 @@ def test_a_draft_model_changes_nothing_and_is_counted(daemon: DaemonProcess) -> 
 
 def test_a_request_opts_out(daemon: DaemonProcess) -> None:
     def drafts() -> float:
-        return value(scrape(daemon), "vllm:spec_decode_num_drafts_total", model_name=SPEC, method="ngram")
+        return value(scrape(daemon), "vllm:spec_decode_num_drafts_total", **NGRAM)
 
     client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": PROMPT}]
@@ -140,7 +141,7 @@ def test_a_seeded_sampled_request_with_logprobs(daemon: DaemonProcess) -> None:
     weights without speculation (one request at a time: the same bits)."""
 
     def drafted() -> float:
-        return value(scrape(daemon), "vllm:spec_decode_num_draft_tokens_total", model_name=SPEC, method="ngram")
+        return value(scrape(daemon), "vllm:spec_decode_num_draft_tokens_total", **NGRAM)
 
     client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": PROMPT}]

@@ -215,6 +215,63 @@ def test_a_mixed_batch_keeps_every_rows_output(engine: Engine, speculative: Engi
     for w, h in zip(want, have, strict=True):
         assert (h.tokens, h.reason) == (w.tokens, w.reason)
         assert all(close(a, b, 1e-4) for a, b in zip(w.logprobs, h.logprobs, strict=True))
-    # The opted-out and the grammar-constrained rows never speculate; the others do.
-    assert set(accepted) == {"greedy", "sampled", "logprobs", "penalty"}
-    assert accepted["sampled"] > 0 and accepted["logprobs"] > 0
+    # The opted-out row never speculates; the others do, the grammar's row included.
+    assert set(accepted) == {"greedy", "sampled", "logprobs", "penalty", "grammar"}
+    assert accepted["sampled"] > 0 and accepted["logprobs"] > 0 and accepted["grammar"] > 0
+
+
+def drafted_by_row(
+    engine: Engine, requests: Sequence[GenerationRequest], size: int
+) -> tuple[list[Output], dict[str, tuple[int, int]]]:
+    """The outputs, and each speculating request's (proposed, accepted) tokens."""
+    scheduler = engine.scheduler
+    seen: dict[str, tuple[int, int]] = {}
+
+    def read(_prompt: int, _generated: int) -> None:
+        for row in scheduler.snapshot():
+            if "speculative" in row:
+                block = row["speculative"]
+                seen[row["request_id"]] = (block["drafted_tokens"], block["accepted_tokens"])
+
+    scheduler.on_step = read
+    try:
+        return in_groups(engine, requests, size), seen
+    finally:
+        scheduler.on_step = None
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_drafts_the_grammar_forbids_are_rejected_never_emitted(
+    engine: Engine, speculative: Engine, batch: int
+) -> None:
+    """The prompt repeats "the apples are blue"; prompt lookup proposes "blue" after
+    "the apples are", and the grammar allows only red or here there. The output is the
+    output without speculation (greedy and seeded), with no "blue" in it, and those rows
+    had proposals rejected while others were accepted."""
+
+    def constrained(target: Engine) -> list[GenerationRequest]:
+        prompt = chat(target, PROMPTS[0])
+        regex = Constraint("regex", r"(the apples are (red|here), ){3,5}the end")
+        schema = Constraint(
+            "json_schema",
+            {"type": "object", "properties": {"apples": {"enum": ["red", "here"]}},
+             "required": ["apples"], "additionalProperties": False},
+        )  # fmt: skip
+        grammars = [target.constraints.compile(c).bind(None) for c in (regex, schema)]
+        return [
+            GenerationRequest("greedy", prompt, 40, SamplingParams(), constraint=grammars[0]),
+            GenerationRequest(
+                "sampled", prompt, 40, SamplingParams(temperature=0.7, seed=9),
+                constraint=grammars[0],
+            ),
+            GenerationRequest("json", prompt, 24, SamplingParams(), constraint=grammars[1]),
+        ]  # fmt: skip
+
+    want = in_groups(engine, constrained(engine), batch)
+    have, counts = drafted_by_row(speculative, constrained(speculative), batch)
+    for w, h in zip(want, have, strict=True):
+        assert (h.tokens, h.reason) == (w.tokens, w.reason)
+        assert "blue" not in speculative.tokenizer.decode(h.tokens)
+    for name in ("greedy", "sampled"):
+        proposed, accepted = counts[name]
+        assert 0 < accepted < proposed, (name, counts)

@@ -63,17 +63,22 @@ def model_supports(model: Any) -> bool:
 
 
 def eligible(request: GenerationRequest, sampler: Any, processors: Sequence[Any]) -> bool:
-    """Rows this slice speculates for: greedy or sampled with the request's own sampler,
-    with no logits processors but those its sampling parameters make (penalties and
-    logit_bias: functions of the history alone, so draws.py can run them ahead) and the
-    raw-logprobs capture, the base model, text only. Grammar-constrained rows (their
-    processor keeps a parser's state) and every other row keep the plain decode step."""
+    """Rows that may speculate: greedy or sampled with the request's own sampler, with no
+    logits processors but those its sampling parameters make (penalties and logit_bias:
+    functions of the history alone, so draws.py can run them ahead), its grammar's mask
+    and the raw-logprobs capture; the base model, text only.
+
+    A grammar's mask keeps a parser's state, advanced by the last token of the history
+    it is handed; draws.py hands it each position's history in order, so it checks
+    drafted token j - 1 as it masks position j, exactly as decoding would after that
+    token. A drafted token the grammar forbids is masked out at its position: the draw
+    there differs from it, it is rejected, and the parser never consumes it."""
     own = len(make_processors(request.sampling, request.max_tokens))
+    own += request.constraint is not None
     own += any(isinstance(p, RawCapture) for p in processors)
     return (
         decodes_like_a_step(sampler)
         and len(processors) == own
-        and request.constraint is None
         and request.adapter is None
         and request.vision is None
         and request.speculative
