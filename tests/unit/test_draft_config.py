@@ -105,3 +105,22 @@ def test_check_config_refuses_a_draft_with_another_tokenizer(
     assert "cannot draft for model 's2'" in err and "eos_token_id" in err
     assert "models[0]" not in err  # the same files draft for the bundled model
     shutil.rmtree(other)
+
+
+def test_vllms_names_are_read_as_ours(tmp_path: Path) -> None:
+    path = tmp_path / "vllm-mlx.yaml"
+    path.write_text(
+        TARGET
+        + "    speculative: {method: draft_model, model: small, num_speculative_tokens: 5}\n"
+        + f"  - name: lookup\n    source: {BUILTIN}\n"
+        + "    speculative: {method: ngram, prompt_lookup_min: 3, prompt_lookup_max: 6}\n"
+        + OTHERS
+    )
+    models = load_settings(path).models
+    drafted, looked_up = models[0].speculative, models[1].speculative
+    assert (drafted.method, drafted.draft_model, drafted.num_tokens) == ("draft", "small", 5)
+    assert (looked_up.method, looked_up.ngram_min, looked_up.ngram_max) == ("ngram", 3, 6)
+    path.write_text(TARGET + "    speculative: {num_tokens: 4, num_speculative_tokens: 5}\n")
+    ((line, key, message),) = issues_of(path)
+    assert key == "models[0].speculative.num_speculative_tokens" and line == 4
+    assert "vLLM's name for num_tokens" in message

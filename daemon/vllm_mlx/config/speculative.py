@@ -3,7 +3,7 @@ draft model (docs/speculative.md)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import model_validator
 
@@ -11,6 +11,15 @@ from vllm_mlx.config.fields import LocatedError, Reload, Section, setting
 
 MAX_DRAFT_TOKENS = 16
 MAX_NGRAM = 32
+# vLLM's `speculative_config` names, read as ours: a section copied from a vLLM setup
+# works unchanged.
+VLLM_KEYS = {
+    "num_speculative_tokens": "num_tokens",
+    "prompt_lookup_min": "ngram_min",
+    "prompt_lookup_max": "ngram_max",
+    "model": "draft_model",
+}
+VLLM_METHODS = {"draft_model": "draft"}
 
 
 class SpeculativeSettings(Section):
@@ -56,6 +65,25 @@ class SpeculativeSettings(Section):
         ge=1,
         le=MAX_NGRAM,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for theirs, ours in VLLM_KEYS.items():
+            if theirs not in out:
+                continue
+            if ours in out:
+                raise LocatedError(
+                    f"{theirs} is vLLM's name for {ours}; give one of them", (theirs,)
+                )
+            out[ours] = out.pop(theirs)
+        method = out.get("method")
+        if isinstance(method, str) and method in VLLM_METHODS:
+            out["method"] = VLLM_METHODS[method]
+        return out
 
     @model_validator(mode="after")
     def _draft_model_named(self) -> SpeculativeSettings:
