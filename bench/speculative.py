@@ -1,10 +1,19 @@
-"""Prompt-lookup speculative decoding against plain decoding on the bundled model, in one
-process and one run:
+"""Speculative decoding against plain decoding on the bundled model, in one process and
+one run:
 
     python bench/speculative.py --out docs/bench/results-speculative.json
     python bench/speculative.py --lines 300 --workloads "code edit" summarise
     python bench/speculative.py --concurrency 16 --workloads "code edit" "open chat"
     python bench/speculative.py --temperature 0.3 --seed 7   # sampled, seeded
+    python bench/speculative.py --method self-draft --force   # the draft mechanism
+    python bench/speculative.py --method random-draft         # a bad draft's cost
+
+Methods: `ngram` (prompt lookup, the default); `self-draft`, the bundled model drafting
+for itself (acceptance near 100% greedy: the mechanism, not a speed-up, since the draft
+costs what the target does); `random-draft`, a random 2-layer llama with the bundled
+tokenizer (tests/support/tiny_model.py; acceptance near 0: what a bad draft costs).
+`--force` checks every proposal (the plan's costs set to 0) instead of letting the plan
+decide which passes pay.
 
 Workloads:
 - code edit: the prompt holds a Python file of `--lines` lines (~100 by default) and asks
@@ -13,7 +22,7 @@ Workloads:
   answers that quote);
 - open chat: a question whose answer repeats nothing (the cost side).
 
-For each, the same engine settings with and without `speculative: {method: ngram}` run
+For each, the same engine settings with and without the `speculative` section run
 alternately, `--rounds` times; reported: decode tokens/s (first token to last, so the
 shared prefill is left out; with `--concurrency` N requests at once, the aggregate from
 the first first token to the last token), acceptance (accepted / drafted tokens), verify
@@ -30,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +142,20 @@ def prompts_for(tokenizer: Any, template: str, lines: int, concurrency: int) -> 
     return out
 
 
+def _draft(method: str, settings: Any, cache_dir: Path) -> Any:
+    """The draft model a method uses (None for prompt lookup)."""
+    from vllm_mlx.models.loader import load_generation_model
+
+    if method == "self-draft":
+        return load_generation_model(settings, cache_dir)
+    if method == "random-draft":
+        from tests.support.tiny_model import bundled_tokenizer_dir, make_tiny_model
+
+        tiny = make_tiny_model(cache_dir / "tiny", bundled_tokenizer_dir(cache_dir), "llama", 7)
+        return load_generation_model(settings.model_copy(update={"source": str(tiny)}), cache_dir)
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=400)
@@ -142,6 +166,9 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    methods = ["ngram", "self-draft", "random-draft"]
+    parser.add_argument("--method", default="ngram", choices=methods)
+    parser.add_argument("--force", action="store_true", help="check every proposal")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from vllm_mlx.models.cpu import blas
@@ -157,17 +184,23 @@ def main() -> int:
     settings = ModelSettings(name="bench", source="builtin:smollm2-135m-instruct")
     with tempfile.TemporaryDirectory() as cache_dir:
         loaded = load_generation_model(settings, Path(cache_dir))
-    spec = SpeculativeConfig(num_tokens=args.num_tokens)
+        drafting = replace(loaded, draft=_draft(args.method, settings, Path(cache_dir)))
+    method = "ngram" if args.method == "ngram" else "draft"
+    spec = SpeculativeConfig(num_tokens=args.num_tokens, method=method)
+    if args.force:
+        spec = replace(spec, position_cost=0.0, draft_cost=0.0)
     batch = max(16, args.concurrency)
     engines = {
         "plain": Engine(loaded, SchedulerConfig(max_batch_size=batch)),
-        "ngram": Engine(loaded, SchedulerConfig(max_batch_size=batch, speculative=spec)),
+        "spec": Engine(drafting, SchedulerConfig(max_batch_size=batch, speculative=spec)),
     }
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     for engine in engines.values():
         engine.start()
     results: dict[str, Any] = {
         "machine": describe("auto"),
+        "method": args.method,
+        "force": args.force,
         "num_tokens": args.num_tokens,
         "concurrency": args.concurrency,
         "temperature": args.temperature,
@@ -194,13 +227,13 @@ def main() -> int:
                     drafted = stats.drafted_tokens - before[0]
                     accepted = stats.accepted_tokens - before[1]
                     steps = stats.speculative_steps - before[2]
-                    if label == "ngram":
+                    if label == "spec":
                         entry["drafted"], entry["accepted"] = drafted, accepted
                         entry["acceptance"] = round(accepted / drafted, 3) if drafted else 0.0
                         entry["verify_steps"] = steps
-            row["identical"] = outputs["plain"] == outputs["ngram"]
+            row["identical"] = outputs["plain"] == outputs["spec"]
             median = {k: statistics.median(row[k]["tok_s"]) for k in engines}
-            row["speedup"] = round(median["ngram"] / median["plain"], 3)
+            row["speedup"] = round(median["spec"] / median["plain"], 3)
             results[workload] = row
             print(workload, json.dumps(row), flush=True)
     finally:

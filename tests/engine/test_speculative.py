@@ -12,6 +12,7 @@ import mlx.core as mx
 import pytest
 
 from tests.support.speculative import PROMPTS, chat, greedy, in_groups
+from tests.support.speculative import reference as reference_outputs
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.speculative import SpeculativeSettings
 from vllm_mlx.engine.cache.rows import BatchKVCache
@@ -39,8 +40,8 @@ def speculative(engine: Engine) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def reference(engine: Engine) -> list[Any]:
-    """Every prompt decoded without speculation (8 at a time: the module's engine)."""
-    return in_groups(engine, greedy(engine, PROMPTS), 8)
+    """Every prompt decoded without speculation (tests/support/speculative.py)."""
+    return reference_outputs(engine)
 
 
 @pytest.mark.parametrize("batch", [1, 4, 16])

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.speculative import PROMPTS, chat, greedy, in_groups
+from tests.support.speculative import reference as reference_outputs
 from tests.support.tiny_model import bundled_tokenizer_dir, make_tiny_model
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.speculative import SpeculativeSettings
@@ -66,8 +67,8 @@ def drafting(engine: Engine, own_draft: LoadedModel) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def reference(engine: Engine) -> list[Any]:
-    """Every prompt decoded without speculation (8 at a time)."""
-    return in_groups(engine, greedy(engine, PROMPTS), 8)
+    """Every prompt decoded without speculation (tests/support/speculative.py)."""
+    return reference_outputs(engine)
 
 
 @pytest.mark.parametrize("batch", [1, 4, 16])

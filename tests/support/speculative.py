@@ -65,3 +65,16 @@ def greedy(engine: Engine, texts: Sequence[str], max_tokens: int = MAX_TOKENS) -
         GenerationRequest(f"g{i}", chat(engine, t), max_tokens, SamplingParams())
         for i, t in enumerate(texts)
     ]
+
+
+_REFERENCE: dict[tuple[str, int], list[Any]] = {}
+
+
+def reference(engine: Engine, max_tokens: int = MAX_TOKENS) -> list[Any]:
+    """Every prompt decoded greedily without speculation, 8 at a time. Computed once per
+    test process: the engine fixture (tests/engine/conftest.py) is per module, but every
+    module loads the same model the same way, and its greedy output is the model's."""
+    key = (engine.loaded.directory, max_tokens)
+    if key not in _REFERENCE:
+        _REFERENCE[key] = in_groups(engine, greedy(engine, PROMPTS, max_tokens), 8)
+    return _REFERENCE[key]

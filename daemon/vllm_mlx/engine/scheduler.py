@@ -17,15 +17,12 @@ from typing import Any
 
 import structlog
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import make_prompt_cache
 
-from vllm_mlx.engine.adapter_prefix import keyed_cache
 from vllm_mlx.engine.batch_generator import make_generator
 from vllm_mlx.engine.cache.disk import DiskBlockStore
 from vllm_mlx.engine.cache.factory import make_prefix_cache
-from vllm_mlx.engine.cache.rows import row_caches
 from vllm_mlx.engine.fleet.heap import release_free_memory
-from vllm_mlx.engine.logprobs import RawCapture, make_row, step_logprobs
+from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import Fault
 from vllm_mlx.engine.scheduler_state import (
     AbortCommand,
@@ -44,7 +41,15 @@ from vllm_mlx.engine.scheduler_state import (
 
 # Re-exported: the engine's users import the config from here.
 from vllm_mlx.engine.scheduler_state import SchedulerConfig as SchedulerConfig
-from vllm_mlx.engine.slot_setup import read_prefix, slot_processors, slot_refusal, slot_sampler
+from vllm_mlx.engine.slot_setup import (
+    insert_row,
+    read_prefix,
+    slot_logprobs,
+    slot_processors,
+    slot_refusal,
+    slot_sampler,
+    store_finished,
+)
 from vllm_mlx.engine.speculative.setup import can_speculate, make_speculator
 from vllm_mlx.engine.speculative.verify import Speculator, eligible
 from vllm_mlx.engine.types import (
@@ -159,10 +164,8 @@ class Scheduler:
     # --- engine thread -------------------------------------------------------------
 
     def _make_generator(self) -> BatchGenerator:
-        self._speculator = None
-        if self._speculates and self._config.speculative is not None:
-            spec = self._config.speculative
-            self._speculator = make_speculator(spec, self.stats, self._model, self._draft)
+        spec = self._config.speculative if self._speculates else None
+        self._speculator = make_speculator(spec, self.stats, self._model, self._draft)
         # Every rank of a distributed group must cut prompts alike: no pacing by time there.
         paced = self.lockstep is None
         return make_generator(self._model, self._config, self._eos, self._speculator, paced)
@@ -253,18 +256,9 @@ class Scheduler:
             raw = next((p for p in processors if isinstance(p, RawCapture)), None)
             if request.vision is not None and self.vision is not None:
                 processors = self.vision.processors(processors, self.vocab_size)
-            layers = hit.cache if hit.cache is not None else make_prompt_cache(self._model)
             sampler = slot_sampler(request, fault, self.vocab_size, self.lockstep)
-            (uid,) = self._generator.insert(
-                [hit.rest],
-                max_tokens=[request.max_tokens],
-                # The cached prefix's tokens go in all_tokens so the sequence's token
-                # record (the key its cache is stored under when it ends) stays whole.
-                caches=[row_caches(layers, request.adapter, self._config.kv_quantization)],
-                all_tokens=[list(request.prompt_tokens[: hit.cached])],
-                samplers=[sampler],
-                logits_processors=[processors],
-            )
+            quant = self._config.kv_quantization
+            uid = insert_row(self._generator, self._model, request, hit, sampler, processors, quant)
             if self._speculator is not None and eligible(request, sampler, processors):
                 self._speculator.add(uid)
         except Exception as exc:
@@ -352,12 +346,7 @@ class Scheduler:
                 if slot.request.logprobs is not None:
                     scored.append((slot, gen))
             if gen.finish_reason is not None:
-                stored = 0
-                if gen.prompt_cache is not None and gen.all_tokens:
-                    prompt = (len(slot.request.prompt_tokens), slot.cached_tokens)
-                    stored = keyed_cache(self.prefix_cache, slot.request.adapter).store_prompt(
-                        gen.all_tokens, gen.prompt_cache, *prompt
-                    )
+                stored = store_finished(self.prefix_cache, slot, gen)
                 finished.append((slot, gen.finish_reason, stored))
         if scored:
             self._add_logprobs(scored)
@@ -371,9 +360,8 @@ class Scheduler:
             self._report_step(prompt_tokens, len(generation_responses))
 
     def _add_logprobs(self, scored: list[tuple[Slot, Any]]) -> None:
-        rows = [make_row(gen.logprobs, gen.token, s.request, s.raw) for s, gen in scored]
         try:
-            entries = step_logprobs(rows)
+            entries = slot_logprobs(scored)
         except Exception as exc:  # fail the requests that asked, not the batch
             log.exception("logprobs failed")
             for slot, _ in scored:

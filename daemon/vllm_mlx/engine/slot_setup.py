@@ -1,14 +1,17 @@
 """What one request brings into the batch (its cached prefix, sampler and logits
-processors), and the engine's own check that it may join at all."""
+processors), the engine's own check that it may join at all, and what its row hands
+back (a step's logprobs, its finished prompt for the prefix cache)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.adapter_prefix import keyed_cache
-from vllm_mlx.engine.logprobs import RawCapture, shared_prefill
+from vllm_mlx.engine.cache.rows import KVQuantization, row_caches
+from vllm_mlx.engine.logprobs import RawCapture, make_row, shared_prefill, step_logprobs
 from vllm_mlx.engine.sampling import (
     Fault,
     LogitsProcessor,
@@ -18,8 +21,8 @@ from vllm_mlx.engine.sampling import (
     make_processors,
     make_sampler,
 )
-from vllm_mlx.engine.scheduler_state import Lockstep
-from vllm_mlx.engine.types import GenerationRequest
+from vllm_mlx.engine.scheduler_state import Lockstep, Slot
+from vllm_mlx.engine.types import GenerationRequest, TokenLogprob
 from vllm_mlx.engine.vision_stage import VisionStage
 from vllm_mlx.models.lora import adapter_refusal, routing
 
@@ -82,3 +85,45 @@ def read_prefix(
     with routing(model, request.adapter):  # its prefill runs the adapter
         hit, reused, scores = shared_prefill(model, keyed, request)
     return hit, reused, scores
+
+
+def slot_logprobs(scored: list[tuple[Slot, Any]]) -> list[TokenLogprob]:
+    """One step's logprobs entries for the rows that asked (`(slot, generation
+    response)` pairs), in order; raises when they cannot be computed."""
+    return step_logprobs([make_row(g.logprobs, g.token, s.request, s.raw) for s, g in scored])
+
+
+def store_finished(prefix_cache: Any, slot: Slot, response: Any) -> int:
+    """Store a finished row's prompt and reply in the prefix cache (under its adapter);
+    the prompt tokens newly stored."""
+    if response.prompt_cache is None or not response.all_tokens:
+        return 0
+    prompt = (len(slot.request.prompt_tokens), slot.cached_tokens)
+    cache = keyed_cache(prefix_cache, slot.request.adapter)
+    stored: int = cache.store_prompt(response.all_tokens, response.prompt_cache, *prompt)
+    return stored
+
+
+def insert_row(
+    generator: Any,
+    model: Any,
+    request: GenerationRequest,
+    hit: Any,
+    sampler: Sampler,
+    processors: list[LogitsProcessor],
+    quant: KVQuantization | None,
+) -> int:
+    """Put a request into the batch generator after its cached prefix (`hit`, from
+    read_prefix); its row's uid."""
+    layers = hit.cache if hit.cache is not None else make_prompt_cache(model)
+    (uid,) = generator.insert(
+        [hit.rest],
+        max_tokens=[request.max_tokens],
+        # The cached prefix's tokens go in all_tokens so the sequence's token record
+        # (the key its cache is stored under when it ends) stays whole.
+        caches=[row_caches(layers, request.adapter, quant)],
+        all_tokens=[list(request.prompt_tokens[: hit.cached])],
+        samplers=[sampler],
+        logits_processors=[processors],
+    )
+    return int(uid)

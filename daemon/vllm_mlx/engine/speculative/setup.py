@@ -28,9 +28,11 @@ def can_speculate(config: SpeculativeConfig | None, model: Any, draft: Any) -> b
 
 
 def make_speculator(
-    config: SpeculativeConfig, counters: Counters, model: Any, draft: Any
-) -> Speculator:
-    """A fresh speculator (and draft cache) for a new batch generator."""
+    config: SpeculativeConfig | None, counters: Counters, model: Any, draft: Any
+) -> Speculator | None:
+    """A fresh speculator (and draft cache) for a new batch generator; None: off."""
+    if config is None:
+        return None
     if config.method != "draft":
         return Speculator(config, counters)
     cost = config.draft_cost if config.draft_cost is not None else measured_cost(draft, model)
