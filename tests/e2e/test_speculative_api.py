@@ -95,6 +95,10 @@ def test_a_draft_model_changes_nothing_and_is_counted(daemon: DaemonProcess) -> 
     plain = client.chat.completions.create(model=PLAIN, **kwargs)  # type: ignore[call-overload]
     text = plain.choices[0].message.content
     assert drafted.choices[0].message.content == streamed == text
+    looked_up = client.chat.completions.create(
+        model=DRAFTED, extra_body={"speculative": "ngram"}, **kwargs
+    )  # type: ignore[call-overload]
+    assert looked_up.choices[0].message.content == text
     metrics = scrape(daemon)
     labels = {"model_name": DRAFTED, "method": "draft"}
     proposed = value(metrics, "vllm:spec_decode_num_draft_tokens_total", **labels)
@@ -160,3 +164,23 @@ def test_a_seeded_sampled_request_with_logprobs(daemon: DaemonProcess) -> None:
     assert spec.choices[0].message.content == plain.choices[0].message.content
     assert entries(spec) == entries(plain) and len(entries(spec)) > 8
     assert drafted() > before
+
+
+def test_a_method_the_model_cannot_run_is_a_400(daemon: DaemonProcess) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    cases = [
+        ("/v1/chat/completions", {"model": SPEC, "messages": messages, "speculative": "draft"},
+         "has none (its speculative method is ngram)"),
+        ("/v1/completions", {"model": PLAIN, "prompt": "Hi", "speculative": "ngram"},
+         "has none configured"),
+        ("/v1/messages", {"model": PLAIN, "max_tokens": 4, "messages": messages,
+                          "speculative": "draft"}, "has none configured"),
+        ("/v1/chat/completions", {"model": DRAFTED, "messages": messages,
+                                  "speculative": "eagle"}, "speculative"),
+    ]  # fmt: skip
+    for path, body, words in cases:
+        response = httpx.post(f"{daemon.base_url}{path}", json=body, timeout=30)
+        assert response.status_code == 400, (path, response.text)
+        assert words in response.text and "speculative" in response.text
+    error = httpx.post(f"{daemon.base_url}/v1/messages", json=cases[2][1], timeout=30).json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"

@@ -23,6 +23,7 @@ from vllm_mlx.config.speculative import SpeculativeSettings
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.speculative.config import SpeculativeConfig
+from vllm_mlx.engine.speculative.draft import DraftModel
 from vllm_mlx.engine.types import GenerationRequest, SamplingParams
 from vllm_mlx.models.draft import draft_settings
 from vllm_mlx.models.loaded import LoadedModel
@@ -108,6 +109,47 @@ def test_seeded_sampled_rows_give_the_tokens_they_would(
     have = in_groups(drafting, seeded(drafting, 8), batch)
     assert [h[:2] for h in have] == [w[:2] for w in want]
     assert drafting.scheduler.stats.accepted_tokens - before > 50
+
+
+def test_rows_in_one_batch_use_different_methods(
+    drafting: Engine, reference: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half the rows ask for prompt lookup on the drafting model: each batch of 8 holds
+    lookup and draft rows, checked in the same passes; the draft is asked for the draft
+    rows only, and every output is the plain one."""
+    texts = PROMPTS[:16]
+    requests = [
+        replace(request, speculative="ngram") if i % 2 else request
+        for i, request in enumerate(greedy(drafting, texts))
+    ]
+    scheduler = drafting.scheduler
+    accepted: dict[str, int] = {}
+    names: dict[int, str] = {}  # engine row uid -> request id
+    asked: set[int] = set()  # uids the draft proposed for
+    propose = DraftModel.propose
+
+    def watched(self: DraftModel, sequences: Any, wanted: dict[int, int]) -> Any:
+        asked.update(uid for uid, n in wanted.items() if n > 0)
+        return propose(self, sequences, wanted)
+
+    def read(_prompt: int, _generated: int) -> None:
+        names.update((slot.uid, slot.request.request_id) for slot in scheduler._slots.values())
+        for row in scheduler.snapshot():
+            if "speculative" in row:
+                accepted[row["request_id"]] = row["speculative"]["accepted_tokens"]
+
+    monkeypatch.setattr(DraftModel, "propose", watched)
+    scheduler.on_step = read
+    try:
+        got = in_groups(drafting, requests, 8)
+    finally:
+        scheduler.on_step = None
+    assert [g[:2] for g in got] == [w[:2] for w in reference[:16]]
+    lookup = {r.request_id for r in requests if r.speculative == "ngram"}
+    assert {names[uid] for uid in asked} == {r.request_id for r in requests} - lookup
+    # Both kinds had proposals accepted (lookup fewer: 20-token replies repeat little).
+    assert sum(accepted.get(r, 0) for r in lookup) >= 5
+    assert sum(n for r, n in accepted.items() if r not in lookup) > 50
 
 
 def test_a_random_draft_changes_nothing_and_soon_stops_drafting(

@@ -260,7 +260,7 @@ class Scheduler:
             quant = self._config.kv_quantization
             uid = insert_row(self._generator, self._model, request, hit, sampler, processors, quant)
             if self._speculator is not None and eligible(request, sampler, processors):
-                self._speculator.add(uid)
+                self._speculator.add(uid, request.speculative_method)
         except Exception as exc:
             if self.vision is not None:
                 self.vision.release(request.request_id)

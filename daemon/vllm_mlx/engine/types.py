@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from vllm_mlx.models.vision import ImageTiles
@@ -132,8 +132,14 @@ class GenerationRequest:
     adapter: str | None = None
     # A prompt with images: its tiles, whose placeholder ids the prompt tokens hold.
     vision: ImageTiles | None = None
-    # False: never drafts, even on a model with `speculative` on (the request's opt-out).
-    speculative: bool = True
+    # False: never drafts, even on a model with `speculative` on (the request's opt-out);
+    # "ngram" or "draft": drafts by that method (a model with a draft may look up).
+    speculative: bool | Literal["ngram", "draft"] = True
+
+    @property
+    def speculative_method(self) -> str | None:
+        """The method this request asked for by name (None: the model's)."""
+        return self.speculative if isinstance(self.speculative, str) else None
 
 
 # Events the engine thread posts to a request's queue (token ids, not text: the

@@ -13,7 +13,7 @@ from vllm_mlx.api.anthropic.schema import MessagesRequest
 from vllm_mlx.api.pipeline import structured
 from vllm_mlx.api.pipeline.driver import Run, limit_calls, parsed
 from vllm_mlx.api.pipeline.ids import new_id
-from vllm_mlx.api.pipeline.turn import RequestPlan, Turn
+from vllm_mlx.api.pipeline.turn import RequestPlan, Turn, requested_speculation
 from vllm_mlx.api.pipeline.vision import ImageParts
 
 
@@ -40,7 +40,7 @@ async def message_generation(turn: Turn, body: MessagesRequest) -> MessageGenera
         sampling,
         body.stop_tuple(),
         constraint=constraint,
-        speculative=body.speculative is not False,
+        speculative=requested_speculation(body.speculative),
     )
     gen = turn.request(new_id("msg_"), prompt, plan)
     parser = structured.output_parser(turn, prompt, forced, prompt_fields.tool_specs or None)

@@ -227,8 +227,9 @@ class MessagesRequest(PromptFields):
     output_config: OutputConfig | None = None
     output_format: JsonOutputFormat | None = None
     # false: this request never drafts, on a model with `speculative` on
-    # (docs/speculative.md); true or unset: the model's setting.
-    speculative: bool | None = None
+    # (docs/speculative.md); true or unset: the model's setting; "ngram" or "draft":
+    # that method (lookup on a model with a draft model).
+    speculative: bool | Literal["ngram", "draft"] | None = None
 
     @field_validator("temperature", "top_p", "top_k", mode="before")
     @classmethod

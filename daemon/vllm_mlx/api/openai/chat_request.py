@@ -15,7 +15,7 @@ from vllm_mlx.api.pipeline import structured
 from vllm_mlx.api.pipeline.driver import Run, limit_calls, parsed
 from vllm_mlx.api.pipeline.observe import run
 from vllm_mlx.api.pipeline.structured import ForcedTools
-from vllm_mlx.api.pipeline.turn import Prompt, RequestPlan, Turn
+from vllm_mlx.api.pipeline.turn import Prompt, RequestPlan, Turn, requested_speculation
 from vllm_mlx.api.pipeline.vision import ImageParts, chat_prompt
 from vllm_mlx.engine.types import GenerationRequest
 from vllm_mlx.parsers.types import ToolSpec
@@ -68,7 +68,7 @@ async def chat_generation(
         constraint,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         logprobs_raw=body.logprobs_mode == "raw_logprobs",
-        speculative=body.speculative is not False,
+        speculative=requested_speculation(body.speculative),
     )
     tools = convert.tool_specs(convert.offered_tools(body))
     max_calls = 1 if body.parallel_tool_calls is False else None

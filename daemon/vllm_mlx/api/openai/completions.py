@@ -29,7 +29,13 @@ from vllm_mlx.api.pipeline import driver, structured
 from vllm_mlx.api.pipeline.driver import Run
 from vllm_mlx.api.pipeline.ids import new_id
 from vllm_mlx.api.pipeline.observe import run
-from vllm_mlx.api.pipeline.turn import Prompt, RequestPlan, Turn, resolve_turn
+from vllm_mlx.api.pipeline.turn import (
+    Prompt,
+    RequestPlan,
+    Turn,
+    requested_speculation,
+    resolve_turn,
+)
 from vllm_mlx.api.sse import SSE_HEADERS
 from vllm_mlx.engine.output import OutputEvent
 from vllm_mlx.engine.types import Finished, FinishReason, GenerationRequest, Usage
@@ -75,7 +81,7 @@ async def _base_request(
         logprobs=body.logprobs,
         logprobs_raw=body.logprobs_mode == "raw_logprobs",
         prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
-        speculative=body.speculative is not False,
+        speculative=requested_speculation(body.speculative),
     )
     return turn.request(request_id, prompt, plan)
 

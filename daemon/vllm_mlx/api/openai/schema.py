@@ -154,8 +154,9 @@ class _SamplingFields(_Request):
     # vLLM's extra: which distribution logprobs report (docs/api.md).
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] | None = None
     # false: this request never drafts, on a model with `speculative` on
-    # (docs/speculative.md); true or unset: the model's setting.
-    speculative: bool | None = None
+    # (docs/speculative.md); true or unset: the model's setting; "ngram" or "draft":
+    # that method (lookup on a model with a draft model).
+    speculative: bool | Literal["ngram", "draft"] | None = None
 
     @field_validator("stop")
     @classmethod

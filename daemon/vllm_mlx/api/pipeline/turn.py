@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from litestar import Request
 
@@ -32,6 +32,14 @@ T = TypeVar("T")
 
 # Reasoning templates open their block in the prompt's last few tokens ("<think>\n").
 PROMPT_TAIL_TOKENS = 16
+
+# A request's `speculative` field: false opts out, true or unset leaves it to the model,
+# a method's name asks for that method (docs/speculative.md).
+Speculation = bool | Literal["ngram", "draft"]
+
+
+def requested_speculation(field: Speculation | None) -> Speculation:
+    return True if field is None else field
 
 
 @dataclass(frozen=True)
@@ -140,8 +148,29 @@ class Turn:
             shared=plan.shared,
             adapter=self.adapter,
             vision=prompt.vision,
-            speculative=plan.speculative,
+            speculative=self.speculation(plan.speculative),
         )
+
+    def speculation(self, asked: Speculation) -> Speculation:
+        """The request's `speculative` field, refused (400) when it names a method its
+        model cannot run: a draft needs the model's draft model; either needs a
+        `speculative` section (the model's engine drafts only then)."""
+        if not isinstance(asked, str):
+            return asked
+        method = self.model.speculative.method if self.model is not None else None
+        if method is None:
+            raise bad_request(
+                f"speculative: {asked!r} asks for speculative decoding, and model "
+                f"'{self.name}' has none configured (models[].speculative)",
+                "speculative",
+            )
+        if asked == "draft" and method != "draft":
+            raise bad_request(
+                f"speculative: 'draft' asks for a draft model, and model '{self.name}' has "
+                f"none (its speculative method is {method}); use 'ngram' or true",
+                "speculative",
+            )
+        return asked
 
 
 @dataclass(frozen=True)
@@ -167,7 +196,7 @@ class RequestPlan:
     logprobs_raw: bool = False
     prompt_logprobs: int | None = None
     shared: SharedPrefill | None = None
-    speculative: bool = True  # the request's `speculative: false` opts out
+    speculative: Speculation = True  # the request's field (requested_speculation)
 
 
 # What a model of each other task is, and the routes it does serve (for the 400).

@@ -14,7 +14,7 @@ from vllm_mlx.api.pipeline import driver, structured
 from vllm_mlx.api.pipeline.chat_template import as_token_list
 from vllm_mlx.api.pipeline.driver import Run
 from vllm_mlx.api.pipeline.ids import new_id
-from vllm_mlx.api.pipeline.turn import RequestPlan, resolve_turn
+from vllm_mlx.api.pipeline.turn import RequestPlan, requested_speculation, resolve_turn
 from vllm_mlx.api.pipeline.vision import ImageParts, chat_prompt
 from vllm_mlx.api.responses import convert, tools
 from vllm_mlx.api.responses.builder import ResponseBuilder, response_base
@@ -68,7 +68,10 @@ async def response_generation(
         turn, prompt, convert.output_constraint(body), forced
     )
     plan = RequestPlan(
-        max_tokens, sampling, constraint=constraint, speculative=body.speculative is not False
+        max_tokens,
+        sampling,
+        constraint=constraint,
+        speculative=requested_speculation(body.speculative),
     )
     gen = turn.request(request_id, prompt, plan)
     parser = structured.output_parser(turn, prompt, forced, offered.specs or None)

@@ -151,8 +151,9 @@ class CreateResponseRequest(_Wire):
     prompt_cache_key: str | None = None
     user: str | None = None
     # false: this request never drafts, on a model with `speculative` on
-    # (docs/speculative.md); true or unset: the model's setting.
-    speculative: bool | None = None
+    # (docs/speculative.md); true or unset: the model's setting; "ngram" or "draft":
+    # that method (lookup on a model with a draft model).
+    speculative: bool | Literal["ngram", "draft"] | None = None
     safety_identifier: str | None = None
     client_metadata: dict[str, Any] | None = None
     service_tier: str | None = None

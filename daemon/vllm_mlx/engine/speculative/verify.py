@@ -81,7 +81,7 @@ def eligible(request: GenerationRequest, sampler: Any, processors: Sequence[Any]
         and len(processors) == own
         and request.adapter is None
         and request.vision is None
-        and request.speculative
+        and request.speculative is not False
     )
 
 
@@ -131,12 +131,19 @@ class Speculator:
         self.draft_cost = draft_cost
         # uid -> its state, built when the row first reaches the decode batch.
         self._rows: dict[int, _Row | None] = {}
+        self._methods: dict[int, str] = {}  # uid -> ngram or draft
 
-    def add(self, uid: int) -> None:
+    def add(self, uid: int, method: str | None = None) -> None:
+        """Speculate for row `uid` with `method` (None: the model's). A row may ask for
+        prompt lookup on a model with a draft; one asking for a draft the model does not
+        have looks up (the API refuses such a request first)."""
+        method = method or self.config.method
+        self._methods[uid] = "draft" if method == "draft" and self.draft else "ngram"
         self._rows[uid] = None
 
     def forget(self, uid: int) -> None:
         self._rows.pop(uid, None)
+        self._methods.pop(uid, None)
         if not self._rows and self.draft is not None:
             self.draft.clear()  # its cache's rows all finished
 
@@ -157,7 +164,9 @@ class Speculator:
         # Expected to pay off even if every candidate proposes its most? If not, the
         # plain (pipelined) step runs without waiting for this step's tokens.
         hoped = [(min(width, row.limit), row.rate) for _, row in candidates]
-        if self._plan(len(batch.uids), hoped) < 1 or not can_rewind(batch.prompt_cache):
+        drafting = any(row.proposer is None for _, row in candidates)
+        plan = self._plan(len(batch.uids), hoped, drafting)
+        if plan < 1 or not can_rewind(batch.prompt_cache):
             return None
         mx.eval(batch._next_tokens)
         pending: list[int] = batch._next_tokens.tolist()
@@ -165,12 +174,13 @@ class Speculator:
             i: min(width, row.limit, batch.max_tokens[i] - batch._num_tokens[i] - 1)
             for i, row in candidates
         }
-        if self.draft is None:
-            drafts = self._looked_up(pending, candidates, wanted)
-        else:
-            drafts = self._drafted(batch, pending, wanted, self.draft)
+        drafts = self._looked_up(pending, candidates, wanted)
+        if drafting and self.draft is not None:
+            drafted = {i: n for i, n in wanted.items() if dict(candidates)[i].proposer is None}
+            drafts |= self._drafted(batch, pending, drafted, self.draft)
         rows = dict(candidates)
-        width = self._plan(len(batch.uids), [(len(d), rows[i].rate) for i, d in drafts.items()])
+        proposals = [(len(d), rows[i].rate) for i, d in drafts.items()]
+        width = self._plan(len(batch.uids), proposals, drafting)
         if width < 1:
             return None
         drafts = {i: d[:width] for i, d in drafts.items()}
@@ -181,7 +191,8 @@ class Speculator:
     ) -> dict[int, list[int]]:
         drafts = {}
         for i, row in candidates:
-            assert row.proposer is not None
+            if row.proposer is None:
+                continue  # the draft model proposes for it
             row.proposer.append(pending[i])  # emitted this step, whichever step runs
             proposal = row.proposer.propose(wanted[i])
             if proposal:
@@ -191,20 +202,21 @@ class Speculator:
     def _drafted(
         self, batch: Any, pending: list[int], wanted: dict[int, int], draft: DraftModel
     ) -> dict[int, list[int]]:
-        """The draft's proposals for the candidates; every speculating row of the batch
-        (paused ones too) is kept in the draft's cache, in step with its sequence."""
-        sequences: dict[int, RowSequence] = {
-            uid: (batch.tokens[i], pending[i])
-            for i, uid in enumerate(batch.uids)
-            if self._rows.get(uid) is not None
-        }
+        """The draft's proposals for the candidates in `wanted`; every row of the batch
+        that drafts (paused ones too) is kept in the draft's cache, in step with its
+        sequence."""
+        sequences: dict[int, RowSequence] = {}
+        for i, uid in enumerate(batch.uids):
+            row = self._rows.get(uid)
+            if row is not None and row.proposer is None:
+                sequences[uid] = (batch.tokens[i], pending[i])
         uids = batch.uids
         proposed = draft.propose(sequences, {uids[i]: n for i, n in wanted.items()})
         return {i: proposed[uids[i]] for i in wanted if proposed.get(uids[i])}
 
-    def _plan(self, rows: int, proposals: list[tuple[int, float]]) -> int:
+    def _plan(self, rows: int, proposals: list[tuple[int, float]], drafting: bool) -> int:
         config = self.config
-        cost = self.draft_cost
+        cost = self.draft_cost if drafting else 0.0
         return choose_width(rows, proposals, config.position_cost, config.row_cost, cost)
 
     def _candidates(self, batch: Any) -> list[tuple[int, _Row]]:
@@ -215,7 +227,7 @@ class Speculator:
             row = self._rows[uid]
             if row is None:
                 proposer = None
-                if self.draft is None:
+                if self._methods[uid] == "ngram":
                     proposer = NgramProposer(self.config, batch.tokens[i])
                 row = self._rows[uid] = _Row(proposer, self.config.num_tokens)
             elif row.proposer is not None:
