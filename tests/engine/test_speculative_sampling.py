@@ -5,13 +5,13 @@ output. The distribution test is tests/unit/test_speculative_sampling.py."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
+from tests.support.speculative import in_groups as groups_of
 from vllm_mlx.engine.constraints import Constraint
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.scheduler import SchedulerConfig
@@ -67,14 +67,7 @@ async def output_of(engine: Engine, request: GenerationRequest) -> Output:
 
 
 def in_groups(engine: Engine, requests: Sequence[GenerationRequest], size: int) -> list[Output]:
-    async def main() -> list[Output]:
-        out: list[Output] = []
-        for start in range(0, len(requests), size):
-            group = requests[start : start + size]
-            out += await asyncio.gather(*(output_of(engine, r) for r in group))
-        return out
-
-    return asyncio.run(main())
+    return groups_of(engine, requests, size, output_of)
 
 
 def sampled(engine: Engine, max_tokens: int = 24) -> list[GenerationRequest]:

@@ -4,7 +4,7 @@ repeat their input, some open-ended), greedy requests, and running them in group
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from vllm_mlx.engine.engine import Engine
@@ -47,14 +47,20 @@ async def tokens_of(engine: Engine, request: GenerationRequest) -> tuple[list[in
     raise AssertionError("no SequenceFinished")
 
 
-def in_groups(engine: Engine, requests: Sequence[GenerationRequest], size: int) -> list[Any]:
-    """Each group of `size` requests submitted together, groups one after another."""
+Runner = Callable[[Engine, GenerationRequest], Awaitable[Any]]
+
+
+def in_groups(
+    engine: Engine, requests: Sequence[GenerationRequest], size: int, run: Runner = tokens_of
+) -> list[Any]:
+    """Each group of `size` requests submitted together, groups one after another; each
+    request's `run(engine, request)` result, in order."""
 
     async def main() -> list[Any]:
         out: list[Any] = []
         for start in range(0, len(requests), size):
             group = requests[start : start + size]
-            out += await asyncio.gather(*(tokens_of(engine, r) for r in group))
+            out += await asyncio.gather(*(run(engine, r) for r in group))
         return out
 
     return asyncio.run(main())

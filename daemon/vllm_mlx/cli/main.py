@@ -152,7 +152,7 @@ def adapter_problems(loaded: LoadedConfig) -> list[str]:
     choose_blas(loaded.settings.engine.blas)  # a bundled GGUF may be imported to read it
     from vllm_mlx.config.file import read_config_file
     from vllm_mlx.models.adapter_fit import adapter_fit_problems
-    from vllm_mlx.models.draft import draft_tokenizer_problems
+    from vllm_mlx.models.draft_fit import draft_tokenizer_problems
 
     settings = loaded.settings
     found = list(adapter_fit_problems(settings))

@@ -5,16 +5,15 @@ A draft proposes token ids that the target checks, so both must mean the same te
 the same id: the same vocabulary (every token string at the same id) and the same
 special tokens. A draft with another tokenizer would be accepted almost never while
 costing every pass, and its ids past the target's vocabulary would be nonsense: it is
-refused when it loads, and by check-config when both models' files are on the machine.
+refused when it loads (models/loader.py), and by check-config when both models' files
+are on the machine (models/draft_fit.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from vllm_mlx.config.errors import KeyPath
 from vllm_mlx.config.model import ModelSettings, named_model
 
 
@@ -63,25 +62,3 @@ def refusal(model: ModelSettings, draft: ModelSettings, why: str) -> str:
         f"draft_model {model.speculative.draft_model!r} ({draft.source}) cannot draft for "
         f"model {model.name!r} ({model.source}): {why}; a draft needs the same tokenizer"
     )
-
-
-def draft_tokenizer_problems(
-    models: Sequence[ModelSettings], cache_dir: Path
-) -> Iterator[tuple[KeyPath, str]]:
-    """check-config: (key path, message) for each draft whose tokenizer differs from its
-    target's, where both models' files are on this machine (a hub model not downloaded
-    yet is checked when it loads)."""
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-
-    from vllm_mlx.models.estimate import local_model_dir
-
-    for index, model in enumerate(models):
-        draft = draft_settings(models, model)
-        if draft is None:
-            continue
-        target_dir, draft_dir = local_model_dir(model, cache_dir), local_model_dir(draft, cache_dir)
-        if target_dir is None or draft_dir is None or target_dir == draft_dir:
-            continue
-        why = tokenizer_mismatch(load_tokenizer(target_dir), load_tokenizer(draft_dir))
-        if why is not None:
-            yield ("models", index, "speculative", "draft_model"), refusal(model, draft, why)
