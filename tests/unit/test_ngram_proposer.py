@@ -173,3 +173,25 @@ def test_check_config_reports_it(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert exited.value.code == 1
     err = capsys.readouterr().err
     assert f"{path}:5:7: models[0].speculative.num_tokens: Input should be less than" in err
+
+
+def test_a_row_whose_estimate_fell_is_checked_again_later() -> None:
+    from vllm_mlx.engine.speculative.verify import _Row
+
+    def width(rate: float) -> int:  # one row, a draft pass at 0.2 of a step
+        return choose_width(1, [(1, rate)], draft_cost=0.2)
+
+    row = _Row(None, limit=4)
+    for _ in range(3):  # three passes that accepted nothing
+        row.update(drafted=row.limit, accepted=0, most=4)
+    assert row.pause == 8 and width(row.rate) == 0
+    declined = 0
+    while width(row.rate) == 0:  # the plan declines, step after step
+        row.declined()
+        declined += 1
+        assert declined < 200, "never checked again"
+    assert 10 < declined < 100, declined
+    row.update(drafted=1, accepted=0, most=4)  # the probe fails too
+    assert row.pause == 16 and width(row.rate) == 0
+    row.update(drafted=1, accepted=1, most=4)  # a later probe that is accepted
+    assert row.misses == 0 and row.limit == 2

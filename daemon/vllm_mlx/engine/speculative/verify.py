@@ -43,6 +43,15 @@ from vllm_mlx.engine.speculative.plan import choose_width
 from vllm_mlx.engine.speculative.rewind import can_rewind, rewind
 from vllm_mlx.engine.types import GenerationRequest
 
+# A row's acceptance estimate starts here, and drifts back towards it by this fraction
+# each step the plan declines its proposal: a row whose estimate fell (text that did not
+# repeat) is checked again some tens of steps later, when the text may have changed
+# (an answer that starts free and then quotes code). A probe that fails lowers the
+# estimate again and lengthens the row's pause, so a bad proposer costs about one pass
+# per 30-60 steps (docs/speculative.md).
+PRIOR_RATE = 0.6
+RECOVERY = 0.02
+
 # Positions one verify pass may feed in all: the CPU kernel's batch-invariant limit
 # (models/cpu/qmm.py MAX_ROWS). Past it, projections take another path whose sums differ.
 MAX_VERIFY_POSITIONS = 128
@@ -94,7 +103,7 @@ class _Row:
 
     proposer: NgramProposer | None  # None: the draft model proposes
     limit: int
-    rate: float = 0.6  # recent fraction of its proposed tokens accepted
+    rate: float = PRIOR_RATE  # recent fraction of its proposed tokens accepted
     misses: int = 0  # verify steps in a row that accepted nothing
     pause: int = 0  # steps left before it proposes again
     drafted: int = 0  # this request's proposed tokens so far (for /v1/status)
@@ -110,6 +119,10 @@ class _Row:
             self.limit, self.misses = max(1, self.limit // 2), self.misses + 1
             if self.misses >= 2:
                 self.pause = min(2**self.misses, 64)
+
+    def declined(self) -> None:
+        """The plan took no pass for this row's proposal: its estimate drifts back."""
+        self.rate += (PRIOR_RATE - self.rate) * RECOVERY
 
 
 class Speculator:
@@ -167,7 +180,7 @@ class Speculator:
         drafting = any(row.proposer is None for _, row in candidates)
         plan = self._plan(len(batch.uids), hoped, drafting)
         if plan < 1 or not can_rewind(batch.prompt_cache):
-            return None
+            return self._declined(candidates)
         mx.eval(batch._next_tokens)
         pending: list[int] = batch._next_tokens.tolist()
         wanted = {
@@ -182,9 +195,14 @@ class Speculator:
         proposals = [(len(d), rows[i].rate) for i, d in drafts.items()]
         width = self._plan(len(batch.uids), proposals, drafting)
         if width < 1:
-            return None
+            return self._declined(candidates)
         drafts = {i: d[:width] for i, d in drafts.items()}
         return self._verify(batch, pending, drafts, rows)
+
+    @staticmethod
+    def _declined(candidates: list[tuple[int, _Row]]) -> None:
+        for _, row in candidates:
+            row.declined()
 
     def _looked_up(
         self, pending: list[int], candidates: list[tuple[int, _Row]], wanted: dict[int, int]
