@@ -171,10 +171,10 @@ def test_a_method_the_model_cannot_run_is_a_400(daemon: DaemonProcess) -> None:
     cases = [
         ("/v1/chat/completions", {"model": SPEC, "messages": messages, "speculative": "draft"},
          "has none (its speculative method is ngram)"),
-        ("/v1/completions", {"model": PLAIN, "prompt": "Hi", "speculative": "ngram"},
-         "has none configured"),
+        ("/v1/completions", {"model": PLAIN, "prompt": "Hi", "speculative": "draft"},
+         "has none (no speculative section)"),
         ("/v1/messages", {"model": PLAIN, "max_tokens": 4, "messages": messages,
-                          "speculative": "draft"}, "has none configured"),
+                          "speculative": "draft"}, "asks for a draft model"),
         ("/v1/chat/completions", {"model": DRAFTED, "messages": messages,
                                   "speculative": "eagle"}, "speculative"),
     ]  # fmt: skip
@@ -184,3 +184,54 @@ def test_a_method_the_model_cannot_run_is_a_400(daemon: DaemonProcess) -> None:
         assert words in response.text and "speculative" in response.text
     error = httpx.post(f"{daemon.base_url}/v1/messages", json=cases[2][1], timeout=30).json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    # Prompt lookup needs no section: any model can, for the request that asks.
+    body = {"model": PLAIN, "prompt": PROMPT, "max_tokens": 8, "speculative": "ngram"}
+    assert httpx.post(f"{daemon.base_url}/v1/completions", json=body, timeout=60).is_success
+
+
+def test_predicted_outputs(daemon: DaemonProcess) -> None:
+    """OpenAI's Predicted Outputs, on a model without a speculative section: the same
+    text as without the prediction, streamed and whole, and usage counting the
+    prediction's tokens accepted and rejected."""
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": PROMPT}]
+    kwargs: dict[str, Any] = {"model": PLAIN, "messages": messages, "max_tokens": 48,
+                              "temperature": 0}  # fmt: skip
+    plain = client.chat.completions.create(**kwargs)
+    text = plain.choices[0].message.content or ""
+    assert plain.usage is not None and plain.usage.completion_tokens_details is None
+    prediction = {"type": "content", "content": text}
+    predicted = client.chat.completions.create(prediction=prediction, **kwargs)  # type: ignore[arg-type]
+    assert predicted.choices[0].message.content == text
+    usage = predicted.usage
+    assert usage is not None and usage.completion_tokens_details is not None
+    details = usage.completion_tokens_details
+    accepted, rejected = details.accepted_prediction_tokens, details.rejected_prediction_tokens
+    assert accepted is not None and rejected is not None
+    assert accepted > usage.completion_tokens // 2 and rejected >= 0  # it was the reply
+    parts = {"type": "content", "content": [{"type": "text", "text": text[:20]},
+                                            {"type": "text", "text": text[20:]}]}  # fmt: skip
+    stream = client.chat.completions.create(
+        prediction=parts,
+        stream=True,
+        stream_options={"include_usage": True},
+        **kwargs,  # type: ignore[arg-type]
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    last = chunks[-1].usage
+    assert last is not None and last.completion_tokens_details is not None
+    assert last.completion_tokens_details.accepted_prediction_tokens == accepted
+    for bad, param in (
+        ({"type": "content"}, "prediction"),
+        ({"type": "text", "content": "x"}, "prediction"),
+        ({"type": "content", "content": [{"type": "image_url"}]}, "prediction.content[0]"),
+        ({"type": "content", "content": 7}, "prediction"),
+    ):
+        response = httpx.post(
+            f"{daemon.base_url}/v1/chat/completions",
+            json={"model": PLAIN, "messages": messages, "prediction": bad},
+            timeout=30,
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param

@@ -195,3 +195,16 @@ def test_a_row_whose_estimate_fell_is_checked_again_later() -> None:
     assert row.pause == 16 and width(row.rate) == 0
     row.update(drafted=1, accepted=1, most=4)  # a later probe that is accepted
     assert row.misses == 0 and row.limit == 2
+
+
+def test_a_reference_is_proposed_from_and_the_sequence_takes_over() -> None:
+    prompt = [1, 2, 3, 4, 5]
+    prediction = [40, 41, 42, 43, 44, 45]
+    proposer = NgramProposer(CONFIG, prompt, reference=[*prompt[-3:], *prediction])
+    assert len(proposer) == len(prompt)  # the reference is not the sequence
+    # The prompt's tail occurred in the reference, followed by the prediction's start.
+    assert proposer.has_match() and proposer.propose(4) == [40, 41, 42, 43]
+    proposer.catch_up([*prompt, 40, 41])  # the reply follows the prediction
+    assert proposer.propose(3) == [42, 43, 44]
+    proposer.catch_up([*prompt, 40, 41, 7, 8, 40, 41])  # the reply's own text is later
+    assert proposer.propose(3) == [7, 8, 40]

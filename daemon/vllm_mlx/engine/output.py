@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_mlx.engine.engine import Engine
@@ -128,6 +128,7 @@ async def generate_text(
     detokenizer = Detokenizer(engine.tokenizer)
     stops = StopMatcher(request.stop)
     completion_tokens = 0
+    predicted: tuple[int, int] | None = None  # a prediction's (proposed, accepted)
     prompt_tokens = len(request.prompt_tokens)
     # Logprobs of tokens whose text is held back (partial character, possible stop
     # string) ride with the next delta that carries text.
@@ -140,6 +141,7 @@ async def generate_text(
             if event.prompt_logprobs is not None:
                 yield TextDelta("", prompt_logprobs=event.prompt_logprobs)
         elif isinstance(event, TokensGenerated):
+            predicted = event.predicted or predicted
             now = time.monotonic()
             if trace.first_token_at is None:
                 trace.first_token_at = now
@@ -157,7 +159,7 @@ async def generate_text(
                 if hit is not None:
                     trace.finished_at = time.monotonic()
                     usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens)
-                    yield Finished(FinishReason.STOP, usage, hit)
+                    yield Finished(FinishReason.STOP, replace(usage, predicted=predicted), hit)
                     return  # leaving the engine's iterator aborts the sequence
         elif isinstance(event, SequenceFinished):
             tail, hit = stops.feed(detokenizer.finish())
@@ -166,6 +168,7 @@ async def generate_text(
                 yield TextDelta(tail, logprobs)
             trace.finished_at = time.monotonic()
             reason = FinishReason.STOP if hit else event.reason
-            usage = Usage(prompt_tokens, completion_tokens, trace.cached_tokens, event.cache_stored)
+            cached, stored = trace.cached_tokens, event.cache_stored
+            usage = Usage(prompt_tokens, completion_tokens, cached, stored, predicted)
             yield Finished(reason, usage, hit, event.message, event.refused)
             return

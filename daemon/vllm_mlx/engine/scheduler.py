@@ -50,8 +50,8 @@ from vllm_mlx.engine.slot_setup import (
     slot_sampler,
     store_finished,
 )
-from vllm_mlx.engine.speculative.setup import can_speculate, make_speculator
-from vllm_mlx.engine.speculative.verify import Speculator, eligible
+from vllm_mlx.engine.speculative.setup import can_speculate, make_speculator, register_row
+from vllm_mlx.engine.speculative.verify import Speculator
 from vllm_mlx.engine.types import (
     EngineEvent,
     FinishReason,
@@ -100,8 +100,7 @@ class Scheduler:
         self._generator: BatchGenerator | None = None
         self.stats = SchedulerStats()
         # Not across a group of ranks yet: each rank would have to draft alike.
-        spec = config.speculative if lockstep is None else None
-        self._speculates = can_speculate(spec, model, draft)
+        self._speculates = lockstep is None and can_speculate(config.speculative, model, draft)
         self._speculator: Speculator | None = None
         self.on_step: StepHook | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -164,8 +163,8 @@ class Scheduler:
     # --- engine thread -------------------------------------------------------------
 
     def _make_generator(self) -> BatchGenerator:
-        spec = self._config.speculative if self._speculates else None
-        self._speculator = make_speculator(spec, self.stats, self._model, self._draft)
+        spec, on = self._config.speculative, self._speculates
+        self._speculator = make_speculator(on, spec, self.stats, self._model, self._draft)
         # Every rank of a distributed group must cut prompts alike: no pacing by time there.
         paced = self.lockstep is None
         return make_generator(self._model, self._config, self._eos, self._speculator, paced)
@@ -259,8 +258,7 @@ class Scheduler:
             sampler = slot_sampler(request, fault, self.vocab_size, self.lockstep)
             quant = self._config.kv_quantization
             uid = insert_row(self._generator, self._model, request, hit, sampler, processors, quant)
-            if self._speculator is not None and eligible(request, sampler, processors):
-                self._speculator.add(uid, request.speculative_method)
+            predicted = register_row(self._speculator, uid, request, sampler, processors)
         except Exception as exc:
             if self.vision is not None:
                 self.vision.release(request.request_id)
@@ -269,7 +267,7 @@ class Scheduler:
         slot = Slot(request, command.sink, uid, prompt_done=hit.cached, fault=fault)
         slot.cached_tokens = reused
         slot.prompt_logprobs = scores
-        slot.raw = raw
+        slot.raw, slot.predicted = raw, predicted
         self._slots[uid] = slot
         self._by_request[request.request_id] = slot
 
@@ -300,7 +298,8 @@ class Scheduler:
 
     def _flush(self, slot: Slot) -> None:
         if slot.pending:
-            self._post(slot, TokensGenerated(slot.pending, tuple(slot.pending_logprobs)))
+            counts = slot.predicted() if slot.predicted is not None else None
+            self._post(slot, TokensGenerated(slot.pending, tuple(slot.pending_logprobs), counts))
             slot.pending, slot.pending_logprobs = [], []
 
     def _finish(self, slot: Slot, event: SequenceFinished) -> None:

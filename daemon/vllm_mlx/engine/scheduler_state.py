@@ -73,6 +73,8 @@ class Slot:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     raw: RawCapture | None = None  # raw-logprobs requests with logits processors
+    # A request with a prediction: reads its (proposed, accepted) tokens so far.
+    predicted: Callable[[], tuple[int, int] | None] | None = None
 
     def read_prompt(self, progress: Any, started: float) -> int:
         """A prefill step's progress (mlx-lm's (done, total) of the uncached part): the

@@ -135,6 +135,9 @@ class GenerationRequest:
     # False: never drafts, even on a model with `speculative` on (the request's opt-out);
     # "ngram" or "draft": drafts by that method (a model with a draft may look up).
     speculative: bool | Literal["ngram", "draft"] = True
+    # OpenAI's Predicted Outputs: text the reply is expected to repeat, as token ids;
+    # prompt lookup proposes from it (docs/speculative.md).
+    prediction: tuple[int, ...] = ()
 
     @property
     def speculative_method(self) -> str | None:
@@ -161,6 +164,8 @@ class PromptProcessed:
 class TokensGenerated:
     tokens: list[int]
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked
+    # A request with a prediction: its (proposed, accepted) tokens so far.
+    predicted: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,8 @@ class Usage:
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not recomputed)
     cache_write_tokens: int = 0  # prompt tokens newly stored in the prefix cache
+    # With a prediction: its tokens proposed and, of them, accepted (in the reply).
+    predicted: tuple[int, int] | None = None
 
     @property
     def uncached_tokens(self) -> int:

@@ -147,11 +147,13 @@ class ChatBuilder(WireBuilder):
         """The prompt once (the choices share one prefill), every choice's completion;
         the first to finish writes the prompt's new cache blocks, so writes are summed."""
         usages = [m.finished.usage for m in self.messages if m.finished is not None]
+        counts = [u.predicted for u in usages if u.predicted is not None]
         return Usage(
             usages[0].prompt_tokens,
             sum(u.completion_tokens for u in usages),
             usages[0].cached_tokens,
             sum(u.cache_write_tokens for u in usages),
+            (sum(c[0] for c in counts), sum(c[1] for c in counts)) if counts else None,
         )
 
     def round_calls(self) -> tuple[str, list[Call]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from vllm_mlx.api.openai import choices, convert
 from vllm_mlx.api.openai.chat_builder import ChoiceLogprobs
 from vllm_mlx.api.openai.logprobs import Tap, token_texts
+from vllm_mlx.api.openai.prediction import prediction_text
 from vllm_mlx.api.openai.schema import ChatCompletionRequest
 from vllm_mlx.api.pipeline import structured
 from vllm_mlx.api.pipeline.driver import Run, limit_calls, parsed
@@ -45,6 +46,18 @@ class ChatGeneration:
         return runs, taps
 
 
+async def predicted_tokens(turn: Turn, body: ChatCompletionRequest) -> tuple[int, ...]:
+    """The prediction's text as token ids (no special tokens), off the event loop."""
+    text = prediction_text(body.prediction)
+    if not text:
+        return ()
+
+    def encode() -> list[int]:
+        return list(turn.tokenizer.encode(text, add_special_tokens=False))
+
+    return tuple(await turn.off_loop(encode))
+
+
 async def chat_generation(
     turn: Turn, body: ChatCompletionRequest, request_id: str
 ) -> ChatGeneration:
@@ -69,6 +82,7 @@ async def chat_generation(
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         logprobs_raw=body.logprobs_mode == "raw_logprobs",
         speculative=requested_speculation(body.speculative),
+        prediction=await predicted_tokens(turn, body),
     )
     tools = convert.tool_specs(convert.offered_tools(body))
     max_calls = 1 if body.parallel_tool_calls is False else None

@@ -132,12 +132,19 @@ def completion_prompt_tokens(tokenizer: Any, request: CompletionRequest) -> list
 
 
 def usage_dict(usage: Usage) -> UsageDict:
-    return {
+    out: UsageDict = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if usage.predicted is not None:  # a request with a prediction (Predicted Outputs)
+        proposed, accepted = usage.predicted
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": proposed - accepted,
+        }
+    return out
 
 
 def finish_reason(reason: FinishReason) -> str:
@@ -361,12 +368,6 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
         raise bad_request(
             "modalities other than 'text' are not supported: the model produces text only",
             "modalities",
-        )
-    if body.prediction is not None:
-        raise bad_request(
-            "prediction (predicted outputs) is not supported: there is no speculative "
-            "decoding against a given text",
-            "prediction",
         )
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")

@@ -283,11 +283,17 @@ class PromptTokensDetails(TypedDict):
     cached_tokens: int  # prompt tokens the prefix cache supplied
 
 
+class CompletionTokensDetails(TypedDict):
+    accepted_prediction_tokens: int  # Predicted Outputs: proposed tokens in the reply
+    rejected_prediction_tokens: int  # and not in it
+
+
 class UsageDict(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: NotRequired[CompletionTokensDetails]
 
 
 class ErrorBody(TypedDict):

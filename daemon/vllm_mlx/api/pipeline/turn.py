@@ -149,25 +149,20 @@ class Turn:
             adapter=self.adapter,
             vision=prompt.vision,
             speculative=self.speculation(plan.speculative),
+            prediction=plan.prediction,
         )
 
     def speculation(self, asked: Speculation) -> Speculation:
-        """The request's `speculative` field, refused (400) when it names a method its
-        model cannot run: a draft needs the model's draft model; either needs a
-        `speculative` section (the model's engine drafts only then)."""
+        """The request's `speculative` field, refused (400) when it names a draft its
+        model does not have (prompt lookup needs nothing: any model can)."""
         if not isinstance(asked, str):
             return asked
         method = self.model.speculative.method if self.model is not None else None
-        if method is None:
-            raise bad_request(
-                f"speculative: {asked!r} asks for speculative decoding, and model "
-                f"'{self.name}' has none configured (models[].speculative)",
-                "speculative",
-            )
         if asked == "draft" and method != "draft":
+            has = f"its speculative method is {method}" if method else "no speculative section"
             raise bad_request(
                 f"speculative: 'draft' asks for a draft model, and model '{self.name}' has "
-                f"none (its speculative method is {method}); use 'ngram' or true",
+                f"none ({has}); use 'ngram' or true",
                 "speculative",
             )
         return asked
@@ -197,6 +192,7 @@ class RequestPlan:
     prompt_logprobs: int | None = None
     shared: SharedPrefill | None = None
     speculative: Speculation = True  # the request's field (requested_speculation)
+    prediction: tuple[int, ...] = ()  # Predicted Outputs' text, as token ids
 
 
 # What a model of each other task is, and the routes it does serve (for the 400).

@@ -14,9 +14,16 @@ from vllm_mlx.engine.speculative.config import SpeculativeConfig
 
 
 class NgramProposer:
-    """One sequence's n-gram index, fed every token of the sequence in order."""
+    """One sequence's n-gram index, fed every token of the sequence in order.
 
-    def __init__(self, config: SpeculativeConfig, tokens: Sequence[int] = ()) -> None:
+    `reference`: tokens indexed before the sequence, which the sequence is expected to
+    repeat (a request's prediction, after its prompt's last tokens: the prompt's tail
+    then matches there first, and the prediction's start is proposed as the reply's).
+    Later occurrences win, so the sequence's own text takes over where it matches."""
+
+    def __init__(
+        self, config: SpeculativeConfig, tokens: Sequence[int] = (), reference: Sequence[int] = ()
+    ) -> None:
         self._min = config.ngram_min
         self._max = config.ngram_max
         self.tokens: list[int] = []
@@ -27,10 +34,13 @@ class NgramProposer:
         # Per n: where the previous occurrence of the current last n tokens ended, i.e.
         # where the continuation to propose starts (None: the tail is new).
         self._match: dict[int, int | None] = dict.fromkeys(self._latest)
+        self.extend(reference)
+        self._base = len(self.tokens)  # where the sequence starts in `tokens`
         self.extend(tokens)
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        """The sequence's tokens indexed (the reference not counted)."""
+        return len(self.tokens) - self._base
 
     def extend(self, tokens: Sequence[int]) -> None:
         for token in tokens:
@@ -48,8 +58,8 @@ class NgramProposer:
 
     def catch_up(self, tokens: Sequence[int]) -> None:
         """Append what `tokens` (the sequence's own record) has beyond what is indexed."""
-        if len(tokens) > len(self.tokens):
-            self.extend(tokens[len(self.tokens) :])
+        if len(tokens) > len(self):
+            self.extend(tokens[len(self) :])
 
     def has_match(self) -> bool:
         """Whether the current tail occurred before (a proposal is likely next step)."""

@@ -136,8 +136,11 @@ class Speculator:
         max_positions: int = MAX_VERIFY_POSITIONS,
         draft: DraftModel | None = None,
         draft_cost: float = 0.0,
+        method: str | None = "",
     ) -> None:
         self.config = config
+        # The model's method for rows that name none (None: such rows do not speculate).
+        self.method = config.method if method == "" else method
         self.counters = counters
         self.max_positions = max_positions
         self.draft = draft
@@ -145,18 +148,23 @@ class Speculator:
         # uid -> its state, built when the row first reaches the decode batch.
         self._rows: dict[int, _Row | None] = {}
         self._methods: dict[int, str] = {}  # uid -> ngram or draft
+        self._references: dict[int, tuple[int, ...]] = {}  # uid -> its lookup's reference
 
-    def add(self, uid: int, method: str | None = None) -> None:
+    def add(self, uid: int, method: str | None = None, reference: Sequence[int] = ()) -> None:
         """Speculate for row `uid` with `method` (None: the model's). A row may ask for
         prompt lookup on a model with a draft; one asking for a draft the model does not
-        have looks up (the API refuses such a request first)."""
+        have looks up (the API refuses such a request first). `reference`: tokens its
+        lookup indexes before its sequence (a prediction, after the prompt's tail)."""
         method = method or self.config.method
         self._methods[uid] = "draft" if method == "draft" and self.draft else "ngram"
+        if reference:
+            self._references[uid] = tuple(reference)
         self._rows[uid] = None
 
     def forget(self, uid: int) -> None:
         self._rows.pop(uid, None)
         self._methods.pop(uid, None)
+        self._references.pop(uid, None)
         if not self._rows and self.draft is not None:
             self.draft.clear()  # its cache's rows all finished
 
@@ -246,7 +254,8 @@ class Speculator:
             if row is None:
                 proposer = None
                 if self._methods[uid] == "ngram":
-                    proposer = NgramProposer(self.config, batch.tokens[i])
+                    reference = self._references.pop(uid, ())
+                    proposer = NgramProposer(self.config, batch.tokens[i], reference)
                 row = self._rows[uid] = _Row(proposer, self.config.num_tokens)
             elif row.proposer is not None:
                 row.proposer.catch_up(batch.tokens[i])
