@@ -1,6 +1,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>
 
 #include "act.h"
@@ -44,6 +45,15 @@ NB_MODULE(_qmm, m) {
   m.def("isa", &vllm_mlx_kernels::isa, "The instruction set in use: avx512, avx2 or scalar.");
   m.def("set_isa", &vllm_mlx_kernels::set_isa, "name"_a,
         "Force an instruction set (best, avx512, avx2, scalar); ValueError if unsupported.");
+  m.def("granted_isa", &vllm_mlx_kernels::granted_isa, "leaf1_ecx"_a, "leaf7_ebx"_a, "xcr0"_a,
+        "The x86-64 set a CPU with these CPUID.1:ECX, CPUID.7.0:EBX and XCR0 bits grants.");
+  m.def(
+      "cpu_bits",
+      [] {
+        vllm_mlx_kernels::CpuBits bits = vllm_mlx_kernels::cpu_bits();
+        return std::make_tuple(bits.leaf1_ecx, bits.leaf7_ebx, bits.xcr0);
+      },
+      "This machine's (CPUID.1:ECX, CPUID.7.0:EBX, XCR0) as granted_isa takes them.");
   m.def("set_parallel_min", &vllm_mlx_kernels::set_parallel_min, "work"_a,
         "Matmuls with less work (rows_out x inputs x (rows + 2)) stay on one thread.");
   m.def("parallel_min", &vllm_mlx_kernels::parallel_min);

@@ -11,6 +11,10 @@
 #include "qmm_internal.h"
 #include "thread_pool.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace vllm_mlx_kernels {
 
 float half_to_float(uint16_t h) {
@@ -62,14 +66,59 @@ ThreadPool& pool() {
   return *p;
 }
 
+// The x86-64 sets by what the CPU grants, not only what it advertises. CPUID says which
+// instructions exist; XCR0 says which registers the OS saves across context switches, and
+// an instruction whose registers are not enabled there faults (#UD: SIGILL). A VM can
+// advertise AVX-512 in CPUID while its guest XCR0 has no zmm state, so both are checked.
+// libgcc's __builtin_cpu_supports checks XCR0 too, but here the decision is ours, and a
+// pure function of the bits, so tests/unit/test_isa_dispatch.py can feed it such machines.
+//
+// CPUID.1:ECX
+constexpr uint32_t kFma = 1u << 12;
+constexpr uint32_t kOsxsave = 1u << 27; // the OS enabled XSAVE: xgetbv (XCR0) may be run
+constexpr uint32_t kAvx = 1u << 28;
+constexpr uint32_t kF16c = 1u << 29;
+// CPUID.(EAX=7,ECX=0):EBX
+constexpr uint32_t kAvx2 = 1u << 5;
+constexpr uint32_t kAvx512f = 1u << 16;
+// XCR0 bits 1-2: xmm and the upper halves of ymm; 5-7: opmask (k0-k7), the upper halves
+// of zmm0-15 (ZMM_Hi256), zmm16-31 (Hi16_ZMM).
+constexpr uint64_t kXcr0Ymm = 0x6;
+constexpr uint64_t kXcr0Zmm = 0xe0;
+
+// The AVX2 functions are target("avx2,fma[,f16c]"), the AVX-512 ones
+// target("avx512f,avx2,fma[,f16c]"): AVX512F alone, no BW/VL/DQ/FP16. The compiler emits
+// nothing and accepts no intrinsic from a subset the target does not name, so requiring
+// more would only turn away CPUs that run the tiles (Knights Landing: F without BW/VL/DQ).
+// test_isa_dispatch.py fails if a target attribute names a feature not checked here.
+// SSE3 to SSE4.2, which "avx2" lets the compiler use too, come with every CPU that has AVX:
+// not checked.
+// No AMX anywhere: it would also need XCR0 bits 17-18 (XTILECFG, XTILEDATA) and, on Linux,
+// the process's permission (arch_prctl(ARCH_REQ_XCOMP_PERM)), without which the first tile
+// instruction faults though CPUID and XCR0 both show AMX. Its CPUID bits (leaf 7, EDX) are
+// not read at all.
+Isa isa_granted(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint64_t xcr0) {
+  if ((leaf1_ecx & kOsxsave) == 0) {
+    xcr0 = 0; // unreadable (xgetbv would fault): the OS saves no ymm or zmm state
+  }
+  constexpr uint32_t avx2_ecx = kOsxsave | kAvx | kFma | kF16c;
+  bool avx2 = (leaf1_ecx & avx2_ecx) == avx2_ecx && (leaf7_ebx & kAvx2) != 0 &&
+      (xcr0 & kXcr0Ymm) == kXcr0Ymm;
+  if (!avx2) {
+    return Isa::scalar;
+  }
+  bool avx512 = (leaf7_ebx & kAvx512f) != 0 && (xcr0 & kXcr0Zmm) == kXcr0Zmm;
+  return avx512 ? Isa::avx512 : Isa::avx2;
+}
+
 bool available(Isa isa) {
 #if defined(__x86_64__)
-  __builtin_cpu_init(); // may run from a static initialiser, before libgcc's own
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c");
-  // libgcc's check includes the OS saving the zmm registers (XCR0).
-  static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
-  return isa == Isa::scalar || (isa == Isa::avx2 && avx2) || (isa == Isa::avx512 && avx512);
+  static const Isa granted = [] {
+    CpuBits bits = cpu_bits();
+    return isa_granted(bits.leaf1_ecx, bits.leaf7_ebx, bits.xcr0);
+  }();
+  return isa == Isa::scalar || (isa == Isa::avx2 && granted != Isa::scalar) ||
+      (isa == Isa::avx512 && granted == Isa::avx512);
 #elif defined(__aarch64__)
   return isa == Isa::scalar || isa == Isa::neon; // NEON is part of every arm64 CPU
 #else
@@ -180,6 +229,31 @@ void rows(Isa isa, const QmmProblem& p, const Prepared& xp, int n_begin, int n_e
 }
 
 } // namespace
+
+const char* granted_isa(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint64_t xcr0) {
+  return kIsaNames[static_cast<int>(isa_granted(leaf1_ecx, leaf7_ebx, xcr0))];
+}
+
+CpuBits cpu_bits() {
+  CpuBits bits{0, 0, 0};
+#if defined(__x86_64__)
+  unsigned eax, ebx, ecx, edx;
+  // Each returns 0, leaving the bits 0, when the leaf is beyond the CPU's highest one.
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+    bits.leaf1_ecx = ecx;
+  }
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
+    bits.leaf7_ebx = ebx;
+  }
+  if (bits.leaf1_ecx & kOsxsave) {
+    // xgetbv by hand: the _xgetbv intrinsic would need target("xsave") here.
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    bits.xcr0 = static_cast<uint64_t>(hi) << 32 | lo;
+  }
+#endif
+  return bits;
+}
 
 ThreadPool& shared_pool() {
   return pool();

@@ -43,6 +43,20 @@ long parallel_min();
 const char* isa();
 void set_isa(const std::string& name);
 
+// The x86-64 instruction set a CPU grants, "avx512", "avx2" or "scalar", from its raw bits:
+// CPUID.1:ECX, CPUID.(EAX=7,ECX=0):EBX and XCR0 (the register state the OS saves; 0 when
+// CPUID.1:ECX.OSXSAVE is clear). Pure, so tests can feed it machines we do not have; on
+// x86-64 the default isa() is granted_isa() of cpu_bits().
+const char* granted_isa(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint64_t xcr0);
+
+// This machine's bits, as granted_isa takes them (all 0 off x86-64).
+struct CpuBits {
+  uint32_t leaf1_ecx;
+  uint32_t leaf7_ebx;
+  uint64_t xcr0;
+};
+CpuBits cpu_bits();
+
 // The matmul's thread pool, for the other kernels (one set of workers per process).
 class ThreadPool;
 ThreadPool& shared_pool();
