@@ -152,6 +152,25 @@ def test_rows_in_one_batch_use_different_methods(
     assert sum(n for r, n in accepted.items() if r not in lookup) > 50
 
 
+def test_a_failing_draft_costs_its_proposals_not_the_batch(
+    drafting: Engine, reference: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = {"n": 0}
+    propose = DraftModel.propose
+
+    def flaky(self: DraftModel, sequences: Any, wanted: dict[int, int]) -> Any:
+        calls["n"] += 1
+        if calls["n"] % 3 == 1:  # every third call fails
+            raise RuntimeError("draft out of memory")
+        return propose(self, sequences, wanted)
+
+    monkeypatch.setattr(DraftModel, "propose", flaky)
+    before = drafting.scheduler.stats.accepted_tokens
+    got = in_groups(drafting, greedy(drafting, PROMPTS[:8]), 4)
+    assert [g[:2] for g in got] == [w[:2] for w in reference[:8]]
+    assert calls["n"] > 3 and drafting.scheduler.stats.accepted_tokens > before
+
+
 def test_a_random_draft_changes_nothing_and_soon_stops_drafting(
     engine: Engine, reference: list[Any], tiny_draft: Path, model_cache_dir: Path
 ) -> None:

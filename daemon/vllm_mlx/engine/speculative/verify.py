@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
+import structlog
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from vllm_mlx.engine.logprobs import RawCapture
@@ -42,6 +43,8 @@ from vllm_mlx.engine.speculative.ngram import NgramProposer
 from vllm_mlx.engine.speculative.plan import choose_width
 from vllm_mlx.engine.speculative.rewind import can_rewind, rewind
 from vllm_mlx.engine.types import GenerationRequest
+
+log = structlog.get_logger(__name__)
 
 # A row's acceptance estimate starts here, and drifts back towards it by this fraction
 # each step the plan declines its proposal: a row whose estimate fell (text that did not
@@ -237,7 +240,14 @@ class Speculator:
             if row is not None and row.proposer is None:
                 sequences[uid] = (batch.tokens[i], pending[i])
         uids = batch.uids
-        proposed = draft.propose(sequences, {uids[i]: n for i, n in wanted.items()})
+        try:
+            proposed = draft.propose(sequences, {uids[i]: n for i, n in wanted.items()})
+        except Exception:
+            # The draft only proposes: if it fails (memory, a bug), the batch takes this
+            # step without its proposals and the draft starts over from the prompts.
+            log.exception("the draft model failed; this step takes no draft")
+            draft.clear()
+            return {}
         return {i: proposed[uids[i]] for i in wanted if proposed.get(uids[i])}
 
     def _plan(self, rows: int, proposals: list[tuple[int, float]], drafting: bool) -> int:
