@@ -24,39 +24,25 @@
 // Each output element's operations depend on its query's position in the sequence, D, Dv
 // and the key count, never on the batch, the split over threads or the thread; the sums
 // run in another order than BLAS's, so results match MLX's to rounding, not bit for bit.
+//
+// This file: the portable steps and the driver (units, key blocks, masks, threads); the
+// AVX2 and AVX-512 steps are in attn_prefill_avx2.cpp and attn_prefill_avx512.cpp
+// (attn_prefill_internal.h).
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "act_kernel.h"
 #include "attn_kernel.h"
+#include "attn_prefill_internal.h"
 #include "qmm_kernel.h"
 #include "thread_pool.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace vllm_mlx_kernels {
 
+using namespace prefill;
+
 namespace {
-
-constexpr int kQ = 64; // queries per unit: the lanes (4 AVX-512 vectors, 8 AVX2 ones)
-constexpr int kK = 64; // keys per block
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// s[j * kQ + i] = bias[j * kQ + i] (0 when null) + sum_d k[j * kst + d] * qt[d * kQ + i]
-// for j < nk (qt: D x kQ).
-using QkFn = void (*)(const float* qt, int D, const float* k, int64_t kst, int nk,
-                      const float* bias, float* s);
-// The online softmax of one block, lane-wise: m and l (kQ each) updated; s (nk x kQ)
-// becomes p; alpha (kQ) receives the factor for the output so far.
-using OnlineFn = void (*)(float* s, int nk, float* m, float* l, float* alpha);
-// ot[c * kQ + i] = ot[c * kQ + i] * alpha[i] + sum_{j < nk} v[j * vst + c] * p[j * kQ + i]
-// for c < Dv; acc: scratch of Dv x kQ (the portable path's).
-using PvFn = void (*)(const float* p, int nk, const float* v, int64_t vst, int Dv,
-                      const float* alpha, float* ot, float* acc);
 
 // --- portable: plain loops over the kQ lanes, which the compiler vectorizes (NEON on
 // arm64, SSE2 on a baseline x86-64) without reordering any lane's sums.
@@ -138,247 +124,14 @@ void pv_portable(const float* p, int nk, const float* v, int64_t vst, int Dv,
   }
 }
 
-#if defined(__x86_64__)
-
-#define AVX512 __attribute__((target("avx512f,avx2,fma")))
-#define AVX2 __attribute__((target("avx2,fma")))
-
-// R keys x the 64 query lanes (4 vectors): 4R accumulators, 4 loads of q and a
-// broadcast of k per step of d; R = 6 uses 29 of the 32 zmm registers.
-template <int R>
-AVX512 inline void qk_tile_avx512(const float* qt, int D, const float* k, int64_t kst,
-                                  const float* bias, float* s) {
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < 4; ++c) {
-      acc[r][c] = bias != nullptr ? _mm512_loadu_ps(bias + r * kQ + 16 * c) : _mm512_setzero_ps();
-    }
-  }
-  for (int d = 0; d < D; ++d) {
-    __m512 q[4];
-    for (int c = 0; c < 4; ++c) {
-      q[c] = _mm512_loadu_ps(qt + d * kQ + 16 * c);
-    }
-    for (int r = 0; r < R; ++r) {
-      __m512 kv = _mm512_set1_ps(k[r * kst + d]);
-      for (int c = 0; c < 4; ++c) {
-        acc[r][c] = _mm512_fmadd_ps(kv, q[c], acc[r][c]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < 4; ++c) {
-      _mm512_storeu_ps(s + r * kQ + 16 * c, acc[r][c]);
-    }
-  }
-}
-
-// R columns of V x the 64 query lanes, summed over the block's keys, then folded into ot.
-template <int R>
-AVX512 inline void pv_tile_avx512(const float* p, int nk, const float* v, int64_t vst,
-                                  const float* alpha, float* ot) {
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < 4; ++c) {
-      acc[r][c] = _mm512_setzero_ps();
-    }
-  }
-  for (int j = 0; j < nk; ++j) {
-    __m512 pj[4];
-    for (int c = 0; c < 4; ++c) {
-      pj[c] = _mm512_loadu_ps(p + j * kQ + 16 * c);
-    }
-    for (int r = 0; r < R; ++r) {
-      __m512 vv = _mm512_set1_ps(v[j * vst + r]);
-      for (int c = 0; c < 4; ++c) {
-        acc[r][c] = _mm512_fmadd_ps(vv, pj[c], acc[r][c]);
-      }
-    }
-  }
-  for (int c = 0; c < 4; ++c) {
-    __m512 a = _mm512_loadu_ps(alpha + 16 * c);
-    for (int r = 0; r < R; ++r) {
-      float* o = ot + r * kQ + 16 * c;
-      _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(o), a, acc[r][c]));
-    }
-  }
-}
-
-#define BY_ROWS(fn, n, ...)                                                                  \
-  switch (n) {                                                                               \
-    case 1: fn<1>(__VA_ARGS__); break;                                                       \
-    case 2: fn<2>(__VA_ARGS__); break;                                                       \
-    case 3: fn<3>(__VA_ARGS__); break;                                                       \
-    case 4: fn<4>(__VA_ARGS__); break;                                                       \
-    case 5: fn<5>(__VA_ARGS__); break;                                                       \
-    default: break;                                                                          \
-  }
-
-AVX512 void qk_avx512(const float* qt, int D, const float* k, int64_t kst, int nk,
-                      const float* bias, float* s) {
-  int j = 0;
-  for (; j + 6 <= nk; j += 6) {
-    qk_tile_avx512<6>(qt, D, k + j * kst, kst, bias == nullptr ? nullptr : bias + j * kQ,
-                      s + j * kQ);
-  }
-  BY_ROWS(qk_tile_avx512, nk - j, qt, D, k + j * kst, kst,
-          bias == nullptr ? nullptr : bias + j * kQ, s + j * kQ)
-}
-
-AVX512 void online_avx512(float* s, int nk, float* m, float* l, float* alpha) {
-  const __m512 ninf = _mm512_set1_ps(kNegInf);
-  for (int c = 0; c < kQ; c += 16) {
-    __m512 old = _mm512_loadu_ps(m + c);
-    __m512 top = old;
-    for (int j = 0; j < nk; ++j) {
-      top = _mm512_max_ps(top, _mm512_loadu_ps(s + j * kQ + c));
-    }
-    __m512 shift = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(top, ninf, _CMP_EQ_OQ), top,
-                                        _mm512_setzero_ps());
-    _mm512_storeu_ps(alpha + c, _mm512_sub_ps(old, shift));
-    _mm512_storeu_ps(m + c, top);
-    for (int j = 0; j < nk; ++j) {
-      float* sj = s + j * kQ + c;
-      _mm512_storeu_ps(sj, _mm512_sub_ps(_mm512_loadu_ps(sj), shift));
-    }
-  }
-  exp_inplace(s, static_cast<size_t>(nk) * kQ);
-  exp_inplace(alpha, kQ);
-  for (int c = 0; c < kQ; c += 16) {
-    __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < nk; ++j) {
-      sum = _mm512_add_ps(sum, _mm512_loadu_ps(s + j * kQ + c));
-    }
-    __m512 lv = _mm512_mul_ps(_mm512_loadu_ps(l + c), _mm512_loadu_ps(alpha + c));
-    _mm512_storeu_ps(l + c, _mm512_add_ps(lv, sum));
-  }
-}
-
-AVX512 void pv_avx512(const float* p, int nk, const float* v, int64_t vst, int Dv,
-                      const float* alpha, float* ot, float*) {
-  int c = 0;
-  for (; c + 6 <= Dv; c += 6) {
-    pv_tile_avx512<6>(p, nk, v + c, vst, alpha, ot + c * kQ);
-  }
-  BY_ROWS(pv_tile_avx512, Dv - c, p, nk, v + c, vst, alpha, ot + c * kQ)
-}
-
-// AVX2: R keys (or columns of V) x 16 query lanes (2 vectors), the 64 lanes in 4 passes;
-// R = 6 uses 15 of the 16 ymm registers.
-template <int R>
-AVX2 inline void qk_tile_avx2(const float* qt, int D, const float* k, int64_t kst,
-                              const float* bias, float* s) {
-  __m256 acc[R][2];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < 2; ++c) {
-      acc[r][c] = bias != nullptr ? _mm256_loadu_ps(bias + r * kQ + 8 * c) : _mm256_setzero_ps();
-    }
-  }
-  for (int d = 0; d < D; ++d) {
-    __m256 q0 = _mm256_loadu_ps(qt + d * kQ), q1 = _mm256_loadu_ps(qt + d * kQ + 8);
-    for (int r = 0; r < R; ++r) {
-      __m256 kv = _mm256_set1_ps(k[r * kst + d]);
-      acc[r][0] = _mm256_fmadd_ps(kv, q0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(kv, q1, acc[r][1]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(s + r * kQ, acc[r][0]);
-    _mm256_storeu_ps(s + r * kQ + 8, acc[r][1]);
-  }
-}
-
-template <int R>
-AVX2 inline void pv_tile_avx2(const float* p, int nk, const float* v, int64_t vst,
-                              const float* alpha, float* ot) {
-  __m256 acc[R][2];
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  }
-  for (int j = 0; j < nk; ++j) {
-    __m256 p0 = _mm256_loadu_ps(p + j * kQ), p1 = _mm256_loadu_ps(p + j * kQ + 8);
-    for (int r = 0; r < R; ++r) {
-      __m256 vv = _mm256_set1_ps(v[j * vst + r]);
-      acc[r][0] = _mm256_fmadd_ps(vv, p0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(vv, p1, acc[r][1]);
-    }
-  }
-  __m256 a0 = _mm256_loadu_ps(alpha), a1 = _mm256_loadu_ps(alpha + 8);
-  for (int r = 0; r < R; ++r) {
-    float* o = ot + r * kQ;
-    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), a0, acc[r][0]));
-    _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_loadu_ps(o + 8), a1, acc[r][1]));
-  }
-}
-
-AVX2 void qk_avx2(const float* qt, int D, const float* k, int64_t kst, int nk,
-                  const float* bias, float* s) {
-  for (int c = 0; c < kQ; c += 16) {
-    int j = 0;
-    for (; j + 6 <= nk; j += 6) {
-      qk_tile_avx2<6>(qt + c, D, k + j * kst, kst,
-                      bias == nullptr ? nullptr : bias + j * kQ + c, s + j * kQ + c);
-    }
-    BY_ROWS(qk_tile_avx2, nk - j, qt + c, D, k + j * kst, kst,
-            bias == nullptr ? nullptr : bias + j * kQ + c, s + j * kQ + c)
-  }
-}
-
-AVX2 void online_avx2(float* s, int nk, float* m, float* l, float* alpha) {
-  const __m256 ninf = _mm256_set1_ps(kNegInf);
-  for (int c = 0; c < kQ; c += 8) {
-    __m256 old = _mm256_loadu_ps(m + c);
-    __m256 top = old;
-    for (int j = 0; j < nk; ++j) {
-      top = _mm256_max_ps(top, _mm256_loadu_ps(s + j * kQ + c));
-    }
-    __m256 shift = _mm256_andnot_ps(_mm256_cmp_ps(top, ninf, _CMP_EQ_OQ), top);
-    _mm256_storeu_ps(alpha + c, _mm256_sub_ps(old, shift));
-    _mm256_storeu_ps(m + c, top);
-    for (int j = 0; j < nk; ++j) {
-      float* sj = s + j * kQ + c;
-      _mm256_storeu_ps(sj, _mm256_sub_ps(_mm256_loadu_ps(sj), shift));
-    }
-  }
-  exp_inplace(s, static_cast<size_t>(nk) * kQ);
-  exp_inplace(alpha, kQ);
-  for (int c = 0; c < kQ; c += 8) {
-    __m256 sum = _mm256_setzero_ps();
-    for (int j = 0; j < nk; ++j) {
-      sum = _mm256_add_ps(sum, _mm256_loadu_ps(s + j * kQ + c));
-    }
-    __m256 lv = _mm256_mul_ps(_mm256_loadu_ps(l + c), _mm256_loadu_ps(alpha + c));
-    _mm256_storeu_ps(l + c, _mm256_add_ps(lv, sum));
-  }
-}
-
-AVX2 void pv_avx2(const float* p, int nk, const float* v, int64_t vst, int Dv,
-                  const float* alpha, float* ot, float*) {
-  for (int q = 0; q < kQ; q += 16) {
-    int c = 0;
-    for (; c + 6 <= Dv; c += 6) {
-      pv_tile_avx2<6>(p + q, nk, v + c, vst, alpha + q, ot + c * kQ + q);
-    }
-    BY_ROWS(pv_tile_avx2, Dv - c, p + q, nk, v + c, vst, alpha + q, ot + c * kQ + q)
-  }
-}
-
-#endif
-
-struct Ops {
-  QkFn qk;
-  OnlineFn online;
-  PvFn pv;
-};
-
 Ops ops() {
 #if defined(__x86_64__)
   const char* name = isa();
   if (std::strcmp(name, "avx512") == 0) {
-    return {qk_avx512, online_avx512, pv_avx512};
+    return ops_avx512();
   }
   if (std::strcmp(name, "avx2") == 0) {
-    return {qk_avx2, online_avx2, pv_avx2};
+    return ops_avx2();
   }
 #endif
   return {qk_portable, online_portable, pv_portable};
