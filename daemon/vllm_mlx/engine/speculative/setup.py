@@ -19,6 +19,10 @@ log = structlog.get_logger(__name__)
 
 # Prompt tokens put before a prediction in its lookup index: the longest tail looked up.
 PROMPT_TAIL = 32
+# A prediction is indexed up to twice the reply's max_tokens (and at least this many): a
+# reply cannot use more, and indexing runs on the engine thread (a few dict operations a
+# token), so a 1 MiB prediction for a short reply must not stall every stream.
+PREDICTION_FLOOR = 1024
 
 
 def can_speculate(config: SpeculativeConfig | None, model: Any, draft: Any) -> bool:
@@ -65,6 +69,7 @@ def register_row(
     method = method or ("ngram" if request.prediction else speculator.method)
     if method is None or (method == "draft" and speculator.draft is None):
         return None
-    tail = request.prompt_tokens[-PROMPT_TAIL:] if request.prediction else ()
-    speculator.add(uid, method, (*tail, *request.prediction))
+    prediction = request.prediction[: max(2 * request.max_tokens, PREDICTION_FLOOR)]
+    tail = request.prompt_tokens[-PROMPT_TAIL:] if prediction else ()
+    speculator.add(uid, method, (*tail, *prediction))
     return partial(speculator.acceptance, uid) if request.prediction else None
