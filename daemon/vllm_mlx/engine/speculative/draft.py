@@ -71,10 +71,6 @@ class DraftModel:
         self._uids: list[int] = []  # draft row -> request uid
         self._seen: list[int] = []  # draft row -> tokens of its sequence in its cache
 
-    @property
-    def rows(self) -> int:
-        return len(self._uids)
-
     def clear(self) -> None:
         self._cache, self._uids, self._seen = None, [], []
 

@@ -198,11 +198,11 @@ class Speculator:
             i: min(width, row.limit, batch.max_tokens[i] - batch._num_tokens[i] - 1)
             for i, row in candidates
         }
+        rows = dict(candidates)
         drafts = self._looked_up(pending, candidates, wanted)
         if drafting and self.draft is not None:
-            drafted = {i: n for i, n in wanted.items() if dict(candidates)[i].proposer is None}
+            drafted = {i: n for i, n in wanted.items() if rows[i].proposer is None}
             drafts |= self._drafted(batch, pending, drafted, self.draft)
-        rows = dict(candidates)
         proposals = [(len(d), rows[i].rate) for i, d in drafts.items()]
         width = self._plan(len(batch.uids), proposals, drafting)
         if width < 1:
