@@ -10,7 +10,9 @@ a prefix of its request's sequence (prompt and emitted tokens). A proposal step:
    need different numbers (a row whose proposal was accepted in full, or one that sat
    out a few steps, is further behind), so the pass is as wide as the longest catch-up,
    shorter rows end in filler, and rewind.py then drops each row's filler, as it drops
-   rejected positions of the target's cache. A new row's prompt is read first, alone.
+   rejected positions of the target's cache. A new row's prompt is read first, alone,
+   at most `PROMPT_CHUNK` tokens of new prompts per step (paced: a long prompt does not
+   pause the batch for the whole read), and the row drafts once it has caught up.
 2. **Draft.** The logits at each row's last real position give its first proposed
    token (the argmax); each further token is one single-position pass for all rows.
 3. **Forget the drafts.** The positions written in step 2 are trimmed from every row
@@ -35,7 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from vllm_mlx.engine.cache.rows import BatchKVCache, row_caches
 from vllm_mlx.engine.speculative.rewind import rewind
 
-PROMPT_CHUNK = 512  # a new row's prompt is read by the draft in chunks of this many tokens
+PROMPT_CHUNK = 256  # prompt tokens the draft reads for joining rows, per proposal step
 # A row's sequence as the draft reads it: its record (prompt and emitted tokens), and
 # its pending token (sampled, emitted next).
 RowSequence = tuple[Sequence[int], int]
@@ -70,9 +72,11 @@ class DraftModel:
         self._cache: list[Any] | None = None  # per layer: the draft's batch cache
         self._uids: list[int] = []  # draft row -> request uid
         self._seen: list[int] = []  # draft row -> tokens of its sequence in its cache
+        # Rows still reading their prompt, alone: uid -> (their cache, tokens read).
+        self._reading: dict[int, tuple[list[Any], int]] = {}
 
     def clear(self) -> None:
-        self._cache, self._uids, self._seen = None, [], []
+        self._cache, self._uids, self._seen, self._reading = None, [], [], {}
 
     def propose(
         self, sequences: dict[int, RowSequence], wanted: dict[int, int]
@@ -95,7 +99,7 @@ class DraftModel:
         for layer in self._cache:
             layer.trim(most - 1)
         index = {uid: row for row, uid in enumerate(self._uids)}
-        return {uid: grid[index[uid]][:n] for uid, n in wanted.items() if n > 0}
+        return {uid: grid[index[uid]][:n] for uid, n in wanted.items() if n > 0 and uid in index}
 
     def sync(self, sequences: dict[int, RowSequence]) -> None:
         """Drop rows whose requests left; read the prompts of rows that joined."""
@@ -108,20 +112,30 @@ class DraftModel:
             elif self._cache is not None:
                 for layer in self._cache:
                     layer.filter(mx.array(keep))
-        known = set(self._uids)
+        self._reading = {uid: r for uid, r in self._reading.items() if uid in sequences}
+        known, budget = set(self._uids), PROMPT_CHUNK
         for uid, (record, _) in sequences.items():
-            if uid not in known:
-                self._join(uid, record)
+            if uid not in known and budget > 0:
+                budget -= self._read(uid, record, budget)
 
-    def _join(self, uid: int, record: Sequence[int]) -> None:
-        """Read a new row's record (its pending token comes with the catch-up, whose
-        logits propose), then add the row to the batch."""
-        layers = make_prompt_cache(self.model)
-        read = list(record)
-        for start in range(0, len(read), PROMPT_CHUNK):
-            chunk = mx.array(read[start : start + PROMPT_CHUNK])[None]
-            self.model(chunk, cache=layers)
+    def _read(self, uid: int, record: Sequence[int], budget: int) -> int:
+        """Read up to `budget` more tokens of a new row's record (its pending token comes
+        with the catch-up, whose logits propose); once all are read, the row joins the
+        batch. The tokens read."""
+        reading = self._reading.pop(uid, None)
+        layers, done = reading if reading is not None else (make_prompt_cache(self.model), 0)
+        chunk = list(record[done : done + budget])
+        if chunk:
+            self.model(mx.array(chunk)[None], cache=layers)
             mx.eval([c.state for c in layers])
+        done += len(chunk)
+        if done < len(record):
+            self._reading[uid] = (layers, done)
+        else:
+            self._join(uid, layers, done)
+        return len(chunk)
+
+    def _join(self, uid: int, layers: list[Any], read: int) -> None:
         rows = [BatchKVCache.merge([layer]) for layer in row_caches(layers)]
         if self._cache is None:
             self._cache = rows
@@ -129,7 +143,7 @@ class DraftModel:
             for mine, new in zip(self._cache, rows, strict=True):
                 mine.extend(new)
         self._uids.append(uid)
-        self._seen.append(len(read))
+        self._seen.append(read)
 
     def _catch_up(self, sequences: dict[int, RowSequence]) -> mx.array:
         """Feed each row what it has not seen; the argmax after each row's last token."""
