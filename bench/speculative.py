@@ -7,13 +7,16 @@ one run:
     python bench/speculative.py --temperature 0.3 --seed 7   # sampled, seeded
     python bench/speculative.py --method self-draft --force   # the draft mechanism
     python bench/speculative.py --method random-draft         # a bad draft's cost
+    python bench/speculative.py --method prediction           # Predicted Outputs
 
 Methods: `ngram` (prompt lookup, the default); `self-draft`, the bundled model drafting
 for itself (acceptance near 100% greedy: the mechanism, not a speed-up, since the draft
 costs what the target does); `random-draft`, a random 2-layer llama with the bundled
 tokenizer (tests/support/tiny_model.py; acceptance near 0: what a bad draft costs).
-`--force` checks every proposal (the plan's costs set to 0) instead of letting the plan
-decide which passes pay.
+`prediction`: no speculative section; each request carries a Predicted Outputs
+`prediction`, the plain engine's reply of the same round with every 25th token changed
+(a file given back with small edits). `--force` checks every proposal (the plan's
+costs set to 0) instead of letting the plan decide which passes pay.
 
 Workloads:
 - code edit: the prompt holds a Python file of `--lines` lines (~100 by default) and asks
@@ -105,12 +108,14 @@ WORKLOADS = {
 
 
 async def _run(
-    engine: Any, prompt: list[int], max_tokens: int, sampling: Any
+    engine: Any, prompt: list[int], max_tokens: int, sampling: Any, prediction: tuple[int, ...]
 ) -> tuple[list[int], float, float]:
     """The tokens, and the times of the first and the last."""
     from vllm_mlx.engine.types import GenerationRequest, TokensGenerated
 
-    request = GenerationRequest(f"b{time.monotonic_ns()}", prompt, max_tokens, sampling)
+    request = GenerationRequest(
+        f"b{time.monotonic_ns()}", prompt, max_tokens, sampling, prediction=prediction
+    )
     tokens: list[int] = []
     first = last = 0.0
     async for event in engine.events(request):
@@ -122,10 +127,17 @@ async def _run(
 
 
 async def _batch(
-    engine: Any, prompts: list[list[int]], max_tokens: int, sampling: Any
+    engine: Any,
+    prompts: list[list[int]],
+    max_tokens: int,
+    sampling: Any,
+    predictions: list[tuple[int, ...]] | None = None,
 ) -> tuple[list[list[int]], float]:
     """Every prompt at once: each one's tokens, and the decode tok/s of them all."""
-    runs = await asyncio.gather(*(_run(engine, p, max_tokens, sampling) for p in prompts))
+    predicted = predictions or [()] * len(prompts)
+    runs = await asyncio.gather(
+        *(_run(engine, p, max_tokens, sampling, d) for p, d in zip(prompts, predicted, strict=True))
+    )
     total = sum(len(tokens) - 1 for tokens, _, _ in runs)
     span = max(last for _, _, last in runs) - min(first for _, first, _ in runs)
     return [tokens for tokens, _, _ in runs], total / max(span, 1e-9)
@@ -140,6 +152,11 @@ def prompts_for(tokenizer: Any, template: str, lines: int, concurrency: int) -> 
         messages = [{"role": "user", "content": head + text}]
         out.append(list(tokenizer.apply_chat_template(messages, add_generation_prompt=True)))
     return out
+
+
+def edited(tokens: list[int]) -> tuple[int, ...]:
+    """A prediction close to `tokens`: every 25th token changed (small edits)."""
+    return tuple(t + 1 if i % 25 == 24 else t for i, t in enumerate(tokens))
 
 
 def _draft(method: str, settings: Any, cache_dir: Path) -> Any:
@@ -166,7 +183,7 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    methods = ["ngram", "self-draft", "random-draft"]
+    methods = ["ngram", "self-draft", "random-draft", "prediction"]
     parser.add_argument("--method", default="ngram", choices=methods)
     parser.add_argument("--force", action="store_true", help="check every proposal")
     parser.add_argument("--out", type=Path)
@@ -190,9 +207,10 @@ def main() -> int:
     if args.force:
         spec = replace(spec, position_cost=0.0, draft_cost=0.0)
     batch = max(16, args.concurrency)
+    section = None if args.method == "prediction" else spec
     engines = {
         "plain": Engine(loaded, SchedulerConfig(max_batch_size=batch)),
-        "spec": Engine(drafting, SchedulerConfig(max_batch_size=batch, speculative=spec)),
+        "spec": Engine(drafting, SchedulerConfig(max_batch_size=batch, speculative=section)),
     }
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     for engine in engines.values():
@@ -219,7 +237,11 @@ def main() -> int:
                 for label, engine in engines.items():
                     stats = engine.scheduler.stats
                     before = (stats.drafted_tokens, stats.accepted_tokens, stats.speculative_steps)
-                    tokens, speed = asyncio.run(_batch(engine, prompts, args.max_tokens, sampling))
+                    predictions = None
+                    if label == "spec" and args.method == "prediction":
+                        predictions = [edited(t) for t in outputs["plain"]]
+                    run = _batch(engine, prompts, args.max_tokens, sampling, predictions)
+                    tokens, speed = asyncio.run(run)
                     outputs[label] = tokens
                     count = sum(len(t) for t in tokens)
                     entry = row.setdefault(label, {"tok_s": [], "tokens": count})
