@@ -145,9 +145,9 @@ def test_text_modality_and_best_of_equal_to_n_are_fine(daemon: DaemonProcess) ->
         ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities", "text only"),
         (
             "/v1/chat/completions",
-            {"prediction": {"type": "content", "content": "x"}},
+            {"prediction": {"type": "text", "content": "x"}},
             "prediction",
-            "not supported",
+            'must be {"type": "content"',
         ),
         ("/v1/completions", {"best_of": 3}, "best_of", "not supported"),
         ("/v1/chat/completions", {"n": 5}, "n", "limits.max_n"),
