@@ -311,6 +311,10 @@ def measure(entry: ModelEntry, loaded: LoadedModel | LoadedEmbeddingModel) -> No
         kv = entry.settings.kv_cache
         itemsize = loaded.kv_itemsize or activation_itemsize(loaded.model)
         entry.kv_token_bytes = kv_bytes_per_token(loaded.model, kv.bits, kv.group_size, itemsize)
+        if loaded.draft is not None:
+            # The draft's own cache (full precision) holds the rows that draft: counted
+            # for every running token, an upper bound, so the budget is never short.
+            entry.kv_token_bytes += kv_bytes_per_token(loaded.draft.model)
         entry.kv_bits = kv.bits or 8 * itemsize
 
 
