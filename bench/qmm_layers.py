@@ -40,7 +40,7 @@ from vllm_mlx.models.cpu import blas
 blas.configure()
 import mlx.core as mx
 from vllm_mlx.config.model import ModelSettings
-from vllm_mlx.models import qmm
+from vllm_mlx.models.cpu import qmm
 from vllm_mlx.models.loader import load_model
 settings = ModelSettings(name="m", source=sys.argv[1], dtype="auto")
 model = load_model(settings, Path(sys.argv[2])).model

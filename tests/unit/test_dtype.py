@@ -153,3 +153,17 @@ def test_apply_dtype_on_this_machine_reports_its_choice() -> None:
     model, _ = quantized_tiny()
     converted, decision = dtype.apply_dtype(model, "float16", blas_optimized=False)
     assert decision.chosen == "float16" and dtype.describe(converted) == "float16"
+
+
+def test_int8_activations_apply_on_the_kernel_path_where_granted() -> None:
+    kernel = dtype.DtypeDecision("auto", "quantized", "kernel", kernel=True)
+    assert dtype.with_int8(kernel, False, True) == kernel
+    on = dtype.with_int8(kernel, True, True)
+    assert on.int8 and on.path == "quantized+kernel+int8" and "int8 activations" in on.reason
+    off = dtype.with_int8(kernel, True, False)
+    assert not off.int8 and off.path == "quantized+kernel" and "AVX-512 VNNI" in off.reason
+    floats = dtype.DtypeDecision("auto", "float32", "BLAS")
+    ignored = dtype.with_int8(floats, True, True)
+    assert (
+        not ignored.int8 and ignored.path == "float32" and "only the CPU kernel" in ignored.reason
+    )

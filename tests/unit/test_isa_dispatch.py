@@ -45,6 +45,8 @@ AVX512DQ = 1 << 17
 AVX512CD = 1 << 28
 AVX512BW = 1 << 30
 AVX512VL = 1 << 31
+# CPUID.(EAX=7,ECX=0):ECX
+AVX512_VNNI = 1 << 11
 # XCR0
 X87, SSE, YMM = 1 << 0, 1 << 1, 1 << 2
 OPMASK, ZMM_HI256, HI16_ZMM = 1 << 5, 1 << 6, 1 << 7
@@ -56,6 +58,7 @@ XCR0_AVX512 = XCR0_AVX2 | OPMASK | ZMM_HI256 | HI16_ZMM  # 0xe7
 # This project's 2-core VM (AMD EPYC, Zen 4: AVX-512 F/BW/VL/DQ/..., no AMX), as read by
 # cpu_bits(): real bits, with every feature bit the dispatch does not look at as well.
 ZEN4 = (0xFFFA3203, 0xF1BF07AB, 0xE7)
+ZEN4_LEAF7_ECX = 0x405FC6  # its CPUID.7.0:ECX (AVX512_VNNI among them), for granted_int8
 ALL_ONES_32, ALL_ONES_64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
 
 RANK = {"scalar": 0, "avx2": 1, "avx512": 2}
@@ -144,11 +147,40 @@ def test_amx_changes_nothing(amx_state: int) -> None:
     assert granted(leaf1, leaf7, X87 | SSE | amx_state) == "scalar"
 
 
-# The features each target attribute may name, with the CPUID bit granted_isa checks for it:
-# (1 for CPUID.1:ECX or 7 for CPUID.7.0:EBX, the bit).
-FEATURE_BITS = {"avx2": (7, AVX2), "fma": (1, FMA), "f16c": (1, F16C), "avx512f": (7, AVX512F)}
-# The macros the kernels put their target attributes in, and the set each belongs to.
-MACRO_ISA = {"AVX2": "avx2", "AVX512": "avx512"}
+def granted_int8(leaf1_ecx: int, leaf7_ebx: int, leaf7_ecx: int, xcr0: int) -> bool:
+    assert EXT is not None
+    answer = EXT.granted_int8(leaf1_ecx, leaf7_ebx, leaf7_ecx, xcr0)
+    assert isinstance(answer, bool)
+    return answer
+
+
+def test_int8_tiles_need_avx512_with_bw_vl_and_vnni() -> None:
+    """The int8 tiles (qmm_vnni.cpp, `int8_activations`) are granted on top of the AVX-512
+    set only, and each of BW, VL and VNNI is needed; zmm state in XCR0 as for AVX-512."""
+    leaf1, leaf7, xcr0 = ZEN4
+    assert granted_int8(leaf1, leaf7, ZEN4_LEAF7_ECX, xcr0)
+    assert not granted_int8(leaf1, leaf7, ZEN4_LEAF7_ECX & ~AVX512_VNNI, xcr0)
+    assert not granted_int8(leaf1, leaf7 & ~AVX512BW, ZEN4_LEAF7_ECX, xcr0)
+    assert not granted_int8(leaf1, leaf7 & ~AVX512VL, ZEN4_LEAF7_ECX, xcr0)
+    assert not granted_int8(leaf1, leaf7, ZEN4_LEAF7_ECX, XCR0_AVX2)  # advertised, not saved
+    assert not granted_int8(leaf1 & ~OSXSAVE, leaf7, ZEN4_LEAF7_ECX, xcr0)
+    assert granted_int8(LEAF1_AVX2, AVX2 | AVX512F | AVX512BW | AVX512VL, AVX512_VNNI, XCR0_AVX512)
+
+
+# The features each target attribute may name, with the CPUID bit the dispatch checks for
+# it: (1 for CPUID.1:ECX, 7 for CPUID.7.0:EBX or "7c" for CPUID.7.0:ECX, the bit).
+FEATURE_BITS: dict[str, tuple[int | str, int]] = {
+    "avx2": (7, AVX2),
+    "fma": (1, FMA),
+    "f16c": (1, F16C),
+    "avx512f": (7, AVX512F),
+    "avx512bw": (7, AVX512BW),
+    "avx512vl": (7, AVX512VL),
+    "avx512vnni": ("7c", AVX512_VNNI),
+}
+# The macros the kernels put their target attributes in, and the set each belongs to
+# ("int8": the int8 tiles, granted by granted_int8).
+MACRO_ISA = {"AVX2": "avx2", "AVX512": "avx512", "VNNI": "int8"}
 
 
 DEFINE = re.compile(r'#define (\w+) __attribute__\(\(target\("([^"]*)"\)\)\)')
@@ -185,8 +217,10 @@ def test_every_target_attribute_is_a_macro_of_a_known_set() -> None:
         for macro, _ in defines:
             assert macro in MACRO_ISA, f"{path.name}: {macro} is no set the dispatch knows"
     assert not ISA_FLAG.findall((KERNELS / "CMakeLists.txt").read_text())
-    assert {MACRO_ISA.get(macro) for _, macro, _ in TARGETS} == {"avx2", "avx512"}
-    assert {"qmm_avx2.cpp", "qmm_avx512.cpp", "dequant.cpp"} <= {name for name, _, _ in TARGETS}
+    assert {MACRO_ISA.get(macro) for _, macro, _ in TARGETS} == {"avx2", "avx512", "int8"}
+    assert {"qmm_avx2.cpp", "qmm_avx512.cpp", "dequant.cpp", "qmm_vnni.cpp"} <= {
+        name for name, _, _ in TARGETS
+    }
 
 
 @pytest.mark.parametrize(("source", "macro", "feature"), TARGETS)
@@ -197,15 +231,22 @@ def test_every_feature_the_kernels_compile_for_is_checked(
     Naming a new one (say avx512bw) in a target attribute fails here until granted_isa
     checks its CPUID bit and FEATURE_BITS says which."""
     assert macro in MACRO_ISA, f"{source}: {macro} is no set the dispatch knows"
-    assert feature in FEATURE_BITS, f"{source}: granted_isa does not check {feature}"
+    assert feature in FEATURE_BITS, f"{source}: the dispatch does not check {feature}"
     leaf, bit = FEATURE_BITS[feature]
     leaf1, leaf7, xcr0 = ZEN4
+    leaf7_ecx = ZEN4_LEAF7_ECX
     assert granted(leaf1, leaf7, xcr0) == "avx512"
     if leaf == 1:
         leaf1 &= ~bit
-    else:
+    elif leaf == 7:
         leaf7 &= ~bit
-    assert RANK[granted(leaf1, leaf7, xcr0)] < RANK[MACRO_ISA[macro]], (source, feature)
+    else:
+        leaf7_ecx &= ~bit
+    if MACRO_ISA[macro] == "int8":
+        assert not granted_int8(leaf1, leaf7, leaf7_ecx, xcr0), (source, feature)
+    else:
+        assert leaf != "7c", f"{source}: granted_isa reads no CPUID.7.0:ECX bit ({feature})"
+        assert RANK[granted(leaf1, leaf7, xcr0)] < RANK[MACRO_ISA[macro]], (source, feature)
 
 
 @pytest.fixture
@@ -235,6 +276,19 @@ def test_this_machine_gets_what_its_bits_grant(best: None) -> None:
 
 
 @x86_64_only
+def test_int8_is_available_where_granted_and_the_set_is_avx512(best: None) -> None:
+    assert EXT is not None
+    bits = EXT.cpu_bits()
+    leaf1, leaf7, xcr0 = bits
+    granted_here = granted_int8(leaf1, leaf7, EXT.cpu_leaf7_ecx(), xcr0)
+    EXT.set_isa("best")
+    assert EXT.int8_available() == (granted_here and EXT.isa() == "avx512")
+    if granted(*bits) != "scalar":
+        EXT.set_isa("avx2")  # a forced lower set takes the exact tiles
+        assert not EXT.int8_available()
+
+
+@x86_64_only
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/cpuinfo and arch_prctl")
 def test_cpu_bits_agree_with_the_linux_kernel() -> None:
     """cpu_bits reads the right registers: a feature Linux lists has its CPUID bit set, and
@@ -250,6 +304,7 @@ def test_cpu_bits_agree_with_the_linux_kernel() -> None:
     # One way only: Linux hides a feature whose state it does not enable, never the reverse.
     listed = {"fma": (leaf1, FMA), "avx": (leaf1, AVX), "f16c": (leaf1, F16C)}
     listed |= {"avx2": (leaf7, AVX2), "avx512f": (leaf7, AVX512F), "avx512bw": (leaf7, AVX512BW)}
+    listed |= {"avx512vl": (leaf7, AVX512VL), "avx512_vnni": (EXT.cpu_leaf7_ecx(), AVX512_VNNI)}
     for flag, (word, bit) in listed.items():
         if flag in flags:
             assert word & bit, flag

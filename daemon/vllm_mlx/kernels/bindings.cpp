@@ -18,8 +18,9 @@ NB_MODULE(_qmm, m) {
   m.def(
       "quantized_matmul", &vllm_mlx_kernels::quantized_matmul, "x"_a, "w"_a, "scales"_a,
       "biases"_a, "group_size"_a, "bits"_a, "max_rows"_a = 32, nb::kw_only(),
-      "stream"_a = nb::none(),
-      "x @ dequantize(w, scales, biases).T on the CPU; rows beyond max_rows use BLAS.");
+      "int8"_a = false, "stream"_a = nb::none(),
+      "x @ dequantize(w, scales, biases).T on the CPU; rows beyond max_rows use BLAS. "
+      "int8: int8 activations (VNNI) where int8_available().");
   m.def("softmax_prefill", &vllm_mlx_kernels::softmax_prefill, "scores"_a, "M"_a, "causal"_a,
         "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "The softmax of prefill attention scores, causal and/or masked, threaded.");
@@ -47,6 +48,11 @@ NB_MODULE(_qmm, m) {
         "Force an instruction set (best, avx512, avx2, scalar); ValueError if unsupported.");
   m.def("granted_isa", &vllm_mlx_kernels::granted_isa, "leaf1_ecx"_a, "leaf7_ebx"_a, "xcr0"_a,
         "The x86-64 set a CPU with these CPUID.1:ECX, CPUID.7.0:EBX and XCR0 bits grants.");
+  m.def("granted_int8", &vllm_mlx_kernels::granted_int8, "leaf1_ecx"_a, "leaf7_ebx"_a,
+        "leaf7_ecx"_a, "xcr0"_a,
+        "Whether a CPU with these bits grants the int8 (AVX-512 VNNI) tiles.");
+  m.def("int8_available", &vllm_mlx_kernels::int8_available,
+        "Whether int8=True takes the int8 tiles here (granted, and the set in use is avx512).");
   m.def(
       "cpu_bits",
       [] {
@@ -54,6 +60,9 @@ NB_MODULE(_qmm, m) {
         return std::make_tuple(bits.leaf1_ecx, bits.leaf7_ebx, bits.xcr0);
       },
       "This machine's (CPUID.1:ECX, CPUID.7.0:EBX, XCR0) as granted_isa takes them.");
+  m.def(
+      "cpu_leaf7_ecx", [] { return vllm_mlx_kernels::cpu_bits().leaf7_ecx; },
+      "This machine's CPUID.7.0:ECX, as granted_int8 takes it.");
   m.def("set_parallel_min", &vllm_mlx_kernels::set_parallel_min, "work"_a,
         "Matmuls with less work (rows_out x inputs x (rows + 2)) stay on one thread.");
   m.def("parallel_min", &vllm_mlx_kernels::parallel_min);

@@ -54,6 +54,7 @@ mx::array quantized_matmul(
     int group_size,
     int bits,
     int max_rows,
+    bool int8,
     mx::StreamOrDevice s) {
   check(x, w, scales, biases, group_size, bits);
   auto out_dtype = mx::promote_types(x.dtype(), scales.dtype());
@@ -89,7 +90,7 @@ mx::array quantized_matmul(
       mx::astype(x, mx::float32, s), as_is(w), as_is(scales), as_is(biases)};
   auto y = mx::array(
       std::move(shape), mx::float32,
-      std::make_shared<FastQuantizedMatmul>(stream, group_size, bits), std::move(inputs));
+      std::make_shared<FastQuantizedMatmul>(stream, group_size, bits, int8), std::move(inputs));
   return mx::astype(y, out_dtype, s);
 }
 
@@ -149,7 +150,8 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arr
   int M = K == 0 ? 0 : static_cast<int>(x.size() / K);
   QmmProblem p{
       x.data<float>(), w.data<uint32_t>(), scales.data<void>(), biases.data<void>(),
-      out.data<float>(), M, w.shape(0), K, group_size_, bits_, scale_type(scales.dtype())};
+      out.data<float>(), M, w.shape(0), K, group_size_, bits_, scale_type(scales.dtype()),
+      int8_};
   auto rows = row_major(x, encoder); // a strided x (rare: a transposed view) is copied
   p.x = rows.data;
   encoder.dispatch([p, fill = std::move(rows.fill)]() {
@@ -166,7 +168,7 @@ void FastQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool FastQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const FastQuantizedMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_;
 }
 
 } // namespace vllm_mlx_kernels

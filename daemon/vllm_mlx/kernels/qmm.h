@@ -10,6 +10,7 @@ namespace mx = mlx::core;
 
 // quantized_matmul(x, w, scales, biases, transpose=True, group_size, bits), affine mode.
 // Inputs with more than `max_rows` rows go to dequantize + matmul (BLAS) instead.
+// `int8`: the rows the kernel takes use int8 activations where granted (qmm_kernel.h).
 mx::array quantized_matmul(
     const mx::array& x,
     const mx::array& w,
@@ -18,6 +19,7 @@ mx::array quantized_matmul(
     int group_size,
     int bits,
     int max_rows,
+    bool int8 = false,
     mx::StreamOrDevice s = {});
 
 // The float32 weights [N, K] of an affine-quantized w (dequant.h), as mx.dequantize
@@ -50,8 +52,8 @@ class FastDequantize : public mx::UnaryPrimitive {
 
 class FastQuantizedMatmul : public mx::UnaryPrimitive {
  public:
-  FastQuantizedMatmul(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  FastQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool int8)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -64,6 +66,7 @@ class FastQuantizedMatmul : public mx::UnaryPrimitive {
  private:
   int group_size_;
   int bits_;
+  bool int8_;
 };
 
 } // namespace vllm_mlx_kernels

@@ -20,6 +20,18 @@ struct Prepared {
   std::vector<float> sums;
 };
 
+// The activations of the int8 tiles (qmm_vnni.cpp): x rounded to int8 per 32 values
+// (scale max|x| / 127), laid out chunk by chunk as a chunk of 64 weight bytes pairs with
+// it, with each vpdpbusd lane's activation scale, and x's float sum over each weight
+// group (for the bias term, kept exact).
+struct PreparedInt8 {
+  std::vector<int8_t> q; // [M, chunks, chunk_bytes]; 4 bits: 64 even then 64 odd values
+  std::vector<float> dx; // [M, chunks, 16]: the scale of lane L's activations (0 past K)
+  std::vector<float> sums; // [M, K / group_size]
+  int chunks = 0;
+  int chunk_bytes = 0; // 128 at 4 bits, 64 at 8
+};
+
 inline float bf16_to_float(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
@@ -33,6 +45,10 @@ float half_to_float(uint16_t h);
 void rows_avx2(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
 void rows_avx512(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
 void rows_neon(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
+
+// The int8 tiles (x86-64 only) and their activations.
+void prepare_int8(const QmmProblem& p, PreparedInt8& out);
+void rows_int8(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end);
 
 // The row loop of the instruction sets with 4-row tiles (AVX2, NEON): one activation row
 // takes 4 output rows at a time; several take one output row and up to 4 activation rows.

@@ -81,6 +81,10 @@ constexpr uint32_t kF16c = 1u << 29;
 // CPUID.(EAX=7,ECX=0):EBX
 constexpr uint32_t kAvx2 = 1u << 5;
 constexpr uint32_t kAvx512f = 1u << 16;
+constexpr uint32_t kAvx512bw = 1u << 30; // the int8 tiles' byte masks and shifts
+constexpr uint32_t kAvx512vl = 1u << 31; // their 128/256-bit masked loads
+// CPUID.(EAX=7,ECX=0):ECX
+constexpr uint32_t kAvx512Vnni = 1u << 11; // vpdpbusd
 // XCR0 bits 1-2: xmm and the upper halves of ymm; 5-7: opmask (k0-k7), the upper halves
 // of zmm0-15 (ZMM_Hi256), zmm16-31 (Hi16_ZMM).
 constexpr uint64_t kXcr0Ymm = 0x6;
@@ -136,6 +140,16 @@ Isa best_isa() {
 }
 
 std::atomic<Isa> g_isa{best_isa()};
+
+#if defined(__x86_64__)
+bool int8_granted_here() {
+  static const bool granted = [] {
+    CpuBits bits = cpu_bits();
+    return granted_int8(bits.leaf1_ecx, bits.leaf7_ebx, bits.leaf7_ecx, bits.xcr0);
+  }();
+  return granted;
+}
+#endif
 
 // Row n's scales (or biases) as float32 for the portable path: a pointer into the input
 // when it already is.
@@ -234,8 +248,22 @@ const char* granted_isa(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint64_t xcr0) {
   return kIsaNames[static_cast<int>(isa_granted(leaf1_ecx, leaf7_ebx, xcr0))];
 }
 
+bool granted_int8(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint32_t leaf7_ecx, uint64_t xcr0) {
+  constexpr uint32_t need_ebx = kAvx512bw | kAvx512vl;
+  return isa_granted(leaf1_ecx, leaf7_ebx, xcr0) == Isa::avx512 &&
+      (leaf7_ebx & need_ebx) == need_ebx && (leaf7_ecx & kAvx512Vnni) != 0;
+}
+
+bool int8_available() {
+#if defined(__x86_64__)
+  return g_isa.load() == Isa::avx512 && int8_granted_here();
+#else
+  return false;
+#endif
+}
+
 CpuBits cpu_bits() {
-  CpuBits bits{0, 0, 0};
+  CpuBits bits{0, 0, 0, 0};
 #if defined(__x86_64__)
   unsigned eax, ebx, ecx, edx;
   // Each returns 0, leaving the bits 0, when the leaf is beyond the CPU's highest one.
@@ -244,6 +272,7 @@ CpuBits cpu_bits() {
   }
   if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
     bits.leaf7_ebx = ebx;
+    bits.leaf7_ecx = ecx;
   }
   if (bits.leaf1_ecx & kOsxsave) {
     // xgetbv by hand: the _xgetbv intrinsic would need target("xsave") here.
@@ -301,26 +330,39 @@ void set_isa(const std::string& name) {
   g_isa = best_isa();
 }
 
-void qmm(const QmmProblem& p) {
-  // thread_local: the buffers outlive the call. Workers get it through a pointer, since
-  // naming a thread_local inside the lambda would name the worker's own (empty) copy.
-  thread_local Prepared prepared;
-  const Prepared& xp = prepared;
-  const Isa isa = g_isa; // one instruction set for the whole call (x's layout is per set)
-  int block = p.bits != 4 || isa == Isa::scalar ? 0 : isa == Isa::avx512 ? 16 : 8;
-  prepare(p, block, prepared);
+// rows_of(n_begin, n_end) over every output row, split over the pool when worth it.
+template <class Rows>
+void split_rows(const QmmProblem& p, const Rows& rows_of) {
   long work = static_cast<long>(p.N) * p.K * (p.M + 2);
   int n_threads = work < g_parallel_min ? 1 : std::min(threads(), p.N / 16);
   if (n_threads <= 1) {
-    rows(isa, p, xp, 0, p.N);
+    rows_of(0, p.N);
     return;
   }
   // Chunks of whole 4-row tiles, about 4 per thread, so a late worker costs one chunk.
   int per = std::max(16, (p.N / (4 * n_threads) + 3) / 4 * 4);
   int chunks = (p.N + per - 1) / per;
-  pool().run(n_threads, chunks, [&](int c) {
-    rows(isa, p, xp, c * per, std::min(p.N, (c + 1) * per));
-  });
+  pool().run(n_threads, chunks, [&](int c) { rows_of(c * per, std::min(p.N, (c + 1) * per)); });
+}
+
+void qmm(const QmmProblem& p) {
+  // thread_local: the buffers outlive the call. Workers get them through a reference, since
+  // naming a thread_local inside the lambda would name the worker's own (empty) copy.
+  const Isa isa = g_isa; // one instruction set for the whole call (x's layout is per set)
+#if defined(__x86_64__)
+  if (p.int8 && isa == Isa::avx512 && int8_granted_here()) {
+    thread_local PreparedInt8 prepared;
+    prepare_int8(p, prepared);
+    const PreparedInt8& xp = prepared;
+    split_rows(p, [&](int n0, int n1) { rows_int8(p, xp, n0, n1); });
+    return;
+  }
+#endif
+  thread_local Prepared prepared;
+  const Prepared& xp = prepared;
+  int block = p.bits != 4 || isa == Isa::scalar ? 0 : isa == Isa::avx512 ? 16 : 8;
+  prepare(p, block, prepared);
+  split_rows(p, [&](int n0, int n1) { rows(isa, p, xp, n0, n1); });
 }
 
 } // namespace vllm_mlx_kernels

@@ -22,6 +22,9 @@ struct QmmProblem {
   int group_size; // 32, 64 or 128
   int bits; // 4 or 8
   ScaleType scale_type;
+  // Quantize x to int8 per 32 values and use the VNNI tiles (qmm_vnni.cpp) where the CPU
+  // grants them (int8_available()); otherwise the exact tiles. Opt-in: changes the product.
+  bool int8 = false;
 };
 
 // Whether (bits, group_size) has a kernel.
@@ -49,11 +52,19 @@ void set_isa(const std::string& name);
 // x86-64 the default isa() is granted_isa() of cpu_bits().
 const char* granted_isa(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint64_t xcr0);
 
-// This machine's bits, as granted_isa takes them (all 0 off x86-64).
+// Whether a CPU with these bits grants the int8 tiles: the AVX-512 set plus AVX512BW,
+// AVX512VL (CPUID.7.0:EBX) and AVX512_VNNI (CPUID.7.0:ECX). Pure, as granted_isa.
+bool granted_int8(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint32_t leaf7_ecx, uint64_t xcr0);
+
+// Whether p.int8 takes the int8 tiles here: granted, and the set in use is avx512.
+bool int8_available();
+
+// This machine's bits, as granted_isa and granted_int8 take them (all 0 off x86-64).
 struct CpuBits {
   uint32_t leaf1_ecx;
   uint32_t leaf7_ebx;
   uint64_t xcr0;
+  uint32_t leaf7_ecx;
 };
 CpuBits cpu_bits();
 

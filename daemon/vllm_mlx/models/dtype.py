@@ -52,11 +52,31 @@ class DtypeDecision:
     chosen: str  # "quantized" (kept as stored) or a float dtype name
     reason: str
     kernel: bool = False  # quantized layers run in vllm-mlx's CPU kernel
+    int8: bool = False  # ... with int8 activations (`int8_activations`)
 
     @property
     def path(self) -> str:
-        """What computes: `quantized+kernel`, `quantized` (MLX's own) or a float dtype."""
-        return "quantized+kernel" if self.kernel else self.chosen
+        """What computes: `quantized+kernel[+int8]`, `quantized` (MLX's own) or a float dtype."""
+        if self.kernel:
+            return "quantized+kernel+int8" if self.int8 else "quantized+kernel"
+        return self.chosen
+
+
+def with_int8(decision: DtypeDecision, requested: bool, granted: bool) -> DtypeDecision:
+    """The decision with `int8_activations` applied, or the reason it is not."""
+    if not requested:
+        return decision
+    if decision.kernel and granted:
+        return replace(decision, int8=True, reason=f"{decision.reason}; int8 activations")
+    why = "the CPU lacks AVX-512 VNNI" if decision.kernel else "only the CPU kernel has them"
+    return replace(decision, reason=f"{decision.reason}; int8_activations ignored: {why}")
+
+
+def int8_granted() -> bool:
+    """Whether the built kernel takes int8 activations on this CPU."""
+    from vllm_mlx.models.cpu import qmm
+
+    return qmm.status().available and bool(qmm.extension().int8_available())
 
 
 def backend() -> str:
@@ -157,7 +177,9 @@ def convert(model: Any, chosen: str) -> Any:
     return model
 
 
-def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[Any, DtypeDecision]:
+def apply_dtype(
+    model: Any, requested: DType, *, blas_optimized: bool, int8_activations: bool = False
+) -> tuple[Any, DtypeDecision]:
     import psutil
 
     from vllm_mlx.models.cpu import attention, qmm
@@ -173,9 +195,10 @@ def apply_dtype(model: Any, requested: DType, *, blas_optimized: bool) -> tuple[
         available_bytes=psutil.virtual_memory().available,
         kernel=qmm.status() if device == "cpu" else None,
     )
+    decision = with_int8(decision, int8_activations, decision.kernel and int8_granted())
     model = convert(model, decision.chosen)
     if decision.kernel:
-        qmm.swap_layers(model, blas_optimized=blas_optimized)
+        qmm.swap_layers(model, blas_optimized=blas_optimized, int8_activations=decision.int8)
     if device == "cpu":  # float32 activations on either path: the extension's fused ops
         fused.swap_activations(model)
         fused_norms.swap_norms(model)

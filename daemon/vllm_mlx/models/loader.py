@@ -210,7 +210,9 @@ def _apply_dtype(weights: Any, model: ModelSettings) -> tuple[Any, DtypeDecision
 
     choice = blas.active()
     optimized = choice is not None and choice.optimized
-    weights, decision = apply_dtype(weights, model.dtype, blas_optimized=optimized)
+    weights, decision = apply_dtype(
+        weights, model.dtype, blas_optimized=optimized, int8_activations=model.int8_activations
+    )
     return weights, decision, choice.name if choice else "not chosen"
 
 

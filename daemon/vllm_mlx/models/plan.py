@@ -15,7 +15,14 @@ from typing import Any
 
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.models.cpu.qmm import BITS, GROUP_SIZES, status
-from vllm_mlx.models.dtype import DtypeDecision, WeightInfo, backend, decide
+from vllm_mlx.models.dtype import (
+    DtypeDecision,
+    WeightInfo,
+    backend,
+    decide,
+    int8_granted,
+    with_int8,
+)
 
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
 
@@ -24,7 +31,7 @@ def planned(model: ModelSettings, directory: Path, *, blas_optimized: bool) -> D
     import psutil
 
     device = backend()
-    return decide(
+    decision = decide(
         model.dtype,
         weight_info_from_files(directory),
         device=device,
@@ -32,6 +39,7 @@ def planned(model: ModelSettings, directory: Path, *, blas_optimized: bool) -> D
         available_bytes=psutil.virtual_memory().available,
         kernel=status() if device == "cpu" else None,
     )
+    return with_int8(decision, model.int8_activations, decision.kernel and int8_granted())
 
 
 def weight_info_from_files(directory: Path) -> WeightInfo:

@@ -129,11 +129,15 @@ def _matmul(module: Any, x: mx.array) -> mx.array:
         module.group_size,
         module.bits,
         _max_rows,
+        int8=module.int8_activations,
     )
 
 
 class KernelQuantizedLinear(QuantizedLinear):
     """QuantizedLinear whose product runs in the extension."""
+
+    # The model's `int8_activations` (set per layer by swap_layers).
+    int8_activations: bool = False
 
     def __call__(self, x: mx.array) -> mx.array:
         y = _matmul(self, x)
@@ -147,6 +151,7 @@ class KernelQuantizedEmbedding(QuantizedEmbedding):
 
     # The lookup's dtype before scales were compacted (see `_compact`).
     lookup_dtype: mx.Dtype | None = None
+    int8_activations: bool = False
 
     def __call__(self, x: mx.array) -> mx.array:
         y: mx.array = super().__call__(x)  # type: ignore[no-untyped-call]
@@ -174,8 +179,10 @@ def _compact(module: Any) -> None:
         module.lookup_dtype = mx.float32
 
 
-def swap_layers(model: Any, *, blas_optimized: bool = True) -> int:
-    """Route every eligible layer through the kernel; returns how many were swapped."""
+def swap_layers(model: Any, *, blas_optimized: bool = True, int8_activations: bool = False) -> int:
+    """Route every eligible layer through the kernel; returns how many were swapped.
+    `int8_activations`: the layers ask for int8 activations (taken where the CPU grants
+    AVX-512 VNNI: `int8_available()`)."""
     global _max_rows
     _max_rows = MAX_ROWS if blas_optimized else NO_LIMIT
     swapped = 0
@@ -186,6 +193,8 @@ def swap_layers(model: Any, *, blas_optimized: bool = True) -> int:
             module.__class__ = KernelQuantizedLinear
         else:
             module.__class__ = KernelQuantizedEmbedding
+        if int8_activations:
+            module.int8_activations = True
         _compact(module)
         swapped += 1
     return swapped

@@ -1,0 +1,264 @@
+// Opt-in int8 activations (a model's `int8_activations: true`): x is quantized to int8 per
+// 32 values, as llama.cpp's Q8 activations are, and multiplied by the packed weights with
+// AVX-512 VNNI's vpdpbusd (64 unsigned-weight x signed-activation byte products a
+// instruction, summed in 32-bit lanes).
+//
+// Why: the exact tiles (qmm_avx512.cpp) turn every weight into a float by table lookups,
+// three shuffles per 32 weights, and on a CPU that splits 512-bit shuffles in two (Zen 4)
+// those bound a decode step. Here 128 4-bit weights cost two ANDs, a shift and two
+// vpdpbusd per activation row, and the float work is once per 128 weights: the lane sums
+// times (weight scale x activation scale). The product differs from the exact one by the
+// activations' rounding (relative error ~1e-2, tests/unit/test_qmm_int8.py), which is
+// why it is a choice, not the default.
+//
+// A chunk is 64 bytes of a weight row: 128 weights at 4 bits, 64 at 8. Lane L of a
+// vpdpbusd sums bytes 4L..4L+3, i.e. weights 8L..8L+7 (4 bits: low nibbles against the
+// even activations, high nibbles against the odd ones) or 4L..4L+3 (8 bits), which lie in
+// one 32-value activation block and one weight group: each lane's sum is scaled once by
+// its own s * dx. Every output is the same sequence of operations whatever the tile, so a
+// row gets the same bits alone or in a batch.
+#include "qmm_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace vllm_mlx_kernels {
+
+namespace {
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// The weight offset (within its chunk) of lane L's first weight.
+constexpr int lane_offset(int bits, int lane) {
+  return bits == 4 ? 8 * lane : 4 * lane;
+}
+
+// Lane L's weight group relative to the chunk's first, for this group size.
+VNNI inline __m512i group_index(int bits, int group_size) {
+  alignas(64) int idx[16];
+  for (int lane = 0; lane < 16; ++lane) {
+    idx[lane] = lane_offset(bits, lane) / group_size;
+  }
+  return _mm512_load_si512(idx);
+}
+
+// The (up to 4) scales of row n from group g on, as floats in the low lanes, with no read
+// past the row's last group (`count` of them exist).
+template <ScaleType ST>
+VNNI inline __m128 scales_from(const void* base, size_t at, int count) {
+  if (count >= 4) {
+    if constexpr (ST == ScaleType::f16) {
+      return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+          static_cast<const uint16_t*>(base) + at)));
+    } else if constexpr (ST == ScaleType::bf16) {
+      __m128i h = _mm_loadl_epi64(
+          reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + at));
+      return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm_loadu_ps(static_cast<const float*>(base) + at);
+    }
+  }
+  __mmask8 mask = static_cast<__mmask8>((1u << count) - 1);
+  if constexpr (ST == ScaleType::f32) {
+    return _mm_maskz_loadu_ps(mask, static_cast<const float*>(base) + at);
+  } else {
+    __m128i h = _mm_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + at);
+    if constexpr (ST == ScaleType::f16) {
+      return _mm_cvtph_ps(h);
+    } else {
+      return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+// sum over groups of b[n, g] * (x's float sum over group g): the bias term, 16 groups a step.
+template <ScaleType ST>
+VNNI inline float bias_term(const void* biases, size_t row_at, const float* sums, int groups) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int g = 0; g < groups; g += 16) {
+    __mmask16 mask = static_cast<__mmask16>(groups - g >= 16 ? 0xffff : (1u << (groups - g)) - 1);
+    __m512 b;
+    if constexpr (ST == ScaleType::f32) {
+      b = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(biases) + row_at + g);
+    } else {
+      __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(biases) + row_at + g);
+      if constexpr (ST == ScaleType::f16) {
+        b = _mm512_cvtph_ps(h);
+      } else {
+        b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+    }
+    acc = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(mask, sums + g), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// MT activation rows x NT output rows, every chunk of K.
+template <int BITS, ScaleType ST, int MT, int NT>
+VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
+  const int groups = p.K / p.group_size;
+  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
+  const int per_chunk = BITS == 4 ? 128 : 64; // weights in 64 bytes
+  const int chunk_groups = std::max(1, per_chunk / p.group_size);
+  const __m512i index = group_index(BITS, p.group_size);
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  const uint8_t* w[NT];
+  for (int j = 0; j < NT; ++j) {
+    w[j] = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(n0 + j) * row_bytes;
+  }
+  __m512 acc[MT][NT];
+  for (int i = 0; i < MT; ++i) {
+    for (int j = 0; j < NT; ++j) {
+      acc[i][j] = _mm512_setzero_ps();
+    }
+  }
+  for (int c = 0; c < xp.chunks; ++c) {
+    const size_t at = static_cast<size_t>(c) * 64;
+    const size_t left = row_bytes - at;
+    const __mmask64 bytes = left >= 64 ? ~0ULL : (1ULL << left) - 1;
+    const int g0 = c * per_chunk / p.group_size;
+    const int count = std::min(chunk_groups, groups - g0);
+    __m512i xa[MT], xb[MT];
+    __m512 dx[MT];
+    for (int i = 0; i < MT; ++i) {
+      const int8_t* q = xp.q.data() + (static_cast<size_t>(m0 + i) * xp.chunks + c) * xp.chunk_bytes;
+      xa[i] = _mm512_loadu_si512(q);
+      if constexpr (BITS == 4) {
+        xb[i] = _mm512_loadu_si512(q + 64);
+      }
+      dx[i] = _mm512_loadu_ps(xp.dx.data() + (static_cast<size_t>(m0 + i) * xp.chunks + c) * 16);
+    }
+    for (int j = 0; j < NT; ++j) {
+      __m512i raw = _mm512_maskz_loadu_epi8(bytes, w[j] + at);
+      __m512i lo = BITS == 4 ? _mm512_and_si512(raw, nibble) : raw;
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+      const size_t s_at = static_cast<size_t>(n0 + j) * groups + g0;
+      __m512 s = _mm512_permutexvar_ps(
+          index, _mm512_castps128_ps512(scales_from<ST>(p.scales, s_at, count)));
+      for (int i = 0; i < MT; ++i) {
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa[i]);
+        if constexpr (BITS == 4) {
+          dot = _mm512_dpbusd_epi32(dot, hi, xb[i]);
+        }
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, dx[i]), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    const float* sums = xp.sums.data() + static_cast<size_t>(m0 + i) * groups;
+    for (int j = 0; j < NT; ++j) {
+      float bias = bias_term<ST>(p.biases, static_cast<size_t>(n0 + j) * groups, sums, groups);
+      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) + bias;
+    }
+  }
+}
+
+// One activation row: 8 output rows a tile (8 independent chains). Several: 4 activation
+// rows x 2 output rows, the unpacked weights shared by the 4.
+template <int BITS, ScaleType ST>
+void rows_typed(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end) {
+  if (p.M == 1) {
+    int n = n_begin;
+    for (; n + 8 <= n_end; n += 8) {
+      tile<BITS, ST, 1, 8>(p, xp, 0, n);
+    }
+    for (; n < n_end; ++n) {
+      tile<BITS, ST, 1, 1>(p, xp, 0, n);
+    }
+    return;
+  }
+  int n = n_begin;
+  auto for_rows = [&]<int NT>(int at) {
+    int m = 0;
+    for (; m + 4 <= p.M; m += 4) {
+      tile<BITS, ST, 4, NT>(p, xp, m, at);
+    }
+    for (; m < p.M; ++m) {
+      tile<BITS, ST, 1, NT>(p, xp, m, at);
+    }
+  };
+  for (; n + 2 <= n_end; n += 2) {
+    for_rows.template operator()<2>(n);
+  }
+  if (n < n_end) {
+    for_rows.template operator()<1>(n);
+  }
+}
+
+} // namespace
+
+void prepare_int8(const QmmProblem& p, PreparedInt8& out) {
+  const int per_chunk = p.bits == 4 ? 128 : 64;
+  const int groups = p.K / p.group_size;
+  const int blocks = p.K / 32; // K is a multiple of the group size, so of 32
+  out.chunks = (p.K + per_chunk - 1) / per_chunk;
+  out.chunk_bytes = p.bits == 4 ? 128 : 64;
+  const size_t row_q = static_cast<size_t>(out.chunks) * out.chunk_bytes;
+  out.q.assign(static_cast<size_t>(p.M) * row_q, 0); // padding past K multiplies as 0
+  out.dx.assign(static_cast<size_t>(p.M) * out.chunks * 16, 0.0f);
+  out.sums.resize(static_cast<size_t>(p.M) * groups);
+  std::vector<int8_t> xq(p.K);
+  std::vector<float> block_scale(blocks);
+  for (int m = 0; m < p.M; ++m) {
+    const float* src = p.x + static_cast<size_t>(m) * p.K;
+    for (int b = 0; b < blocks; ++b) {
+      float amax = 0.0f;
+      for (int t = 0; t < 32; ++t) {
+        amax = std::max(amax, std::fabs(src[32 * b + t]));
+      }
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      block_scale[b] = amax / 127.0f;
+      for (int t = 0; t < 32; ++t) {
+        // Rounded to nearest; a NaN or an overflow clamps rather than wrapping.
+        const float v = std::nearbyint(src[32 * b + t] * inv);
+        xq[32 * b + t] = static_cast<int8_t>(v >= 127.0f ? 127 : v > -127.0f ? v : -127);
+      }
+    }
+    int8_t* q = out.q.data() + static_cast<size_t>(m) * row_q;
+    float* dx = out.dx.data() + static_cast<size_t>(m) * out.chunks * 16;
+    for (int c = 0; c < out.chunks; ++c) {
+      const int k0 = c * per_chunk;
+      for (int i = 0; i < 64; ++i) {
+        if (p.bits == 4 && k0 + 2 * i < p.K) {
+          q[c * 128 + i] = xq[k0 + 2 * i];
+          q[c * 128 + 64 + i] = xq[k0 + 2 * i + 1];
+        } else if (p.bits == 8 && k0 + i < p.K) {
+          q[c * 64 + i] = xq[k0 + i];
+        }
+      }
+      for (int lane = 0; lane < 16; ++lane) {
+        const int k = k0 + lane_offset(p.bits, lane);
+        dx[c * 16 + lane] = k < p.K ? block_scale[k / 32] : 0.0f;
+      }
+    }
+    for (int g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int k = g * p.group_size; k < (g + 1) * p.group_size; ++k) {
+        s += src[k];
+      }
+      out.sums[static_cast<size_t>(m) * groups + g] = s;
+    }
+  }
+}
+
+void rows_int8(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end) {
+  auto typed = [&]<int BITS>() {
+    switch (p.scale_type) {
+      case ScaleType::f32: rows_typed<BITS, ScaleType::f32>(p, xp, n_begin, n_end); break;
+      case ScaleType::f16: rows_typed<BITS, ScaleType::f16>(p, xp, n_begin, n_end); break;
+      case ScaleType::bf16: rows_typed<BITS, ScaleType::bf16>(p, xp, n_begin, n_end); break;
+    }
+  };
+  if (p.bits == 4) {
+    typed.template operator()<4>();
+  } else {
+    typed.template operator()<8>();
+  }
+}
+
+} // namespace vllm_mlx_kernels
+
+#endif // __x86_64__

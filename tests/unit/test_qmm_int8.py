@@ -1,0 +1,159 @@
+"""The kernel's opt-in int8 activations (`int8_activations`, kernels/qmm_vnni.cpp).
+
+x is rounded to int8 per 32 values and multiplied with AVX-512 VNNI. The product is not
+MLX's bit for bit, so these tests bound its error against mx.quantized_matmul, check that
+it really is the int8 path (it differs from the exact one), that a row gets the same bits
+alone or in a batch (what greedy decoding and seeded sampling rely on), and that where the
+CPU or the chosen set lacks VNNI the flag changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from vllm_mlx.models.cpu import qmm
+
+BUILT = qmm.status().available
+INT8 = BUILT and bool(qmm.extension().int8_available())
+needs_kernel = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")
+needs_int8 = pytest.mark.skipif(not INT8, reason="this CPU does not grant AVX-512 VNNI")
+# Rounding activations to 8 bits per 32 values: ~0.4% per value, averaging down over K.
+TOLERANCE = 2e-2
+
+
+def rel_error(got: mx.array, want: mx.array) -> float:
+    return float((mx.linalg.norm(got - want) / mx.linalg.norm(want)).item())
+
+
+@pytest.fixture
+def defaults() -> Iterator[None]:
+    yield
+    if BUILT:
+        ext = qmm.extension()
+        ext.set_isa("best")
+        ext.set_parallel_min(1 << 22)
+        qmm.set_threads(2)
+
+
+def quantized(n: int, k: int, bits: int, group_size: int, scale_dtype: mx.Dtype, seed: int = 1):
+    w = mx.random.normal((n, k), key=mx.random.key(seed))
+    wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+    return wq, scales.astype(scale_dtype), biases.astype(scale_dtype)
+
+
+def products(x: mx.array, layer: tuple[mx.array, ...], group_size: int, bits: int):
+    wq, s, b = layer
+    want = mx.quantized_matmul(
+        x, wq, s.astype(mx.float32), b.astype(mx.float32), True, group_size, bits
+    )
+    exact = qmm.extension().quantized_matmul(x, wq, s, b, group_size, bits, 1000)
+    got = qmm.extension().quantized_matmul(x, wq, s, b, group_size, bits, 1000, int8=True)
+    return got.astype(mx.float32), exact.astype(mx.float32), want
+
+
+@needs_int8
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_close_to_mlx_and_not_the_exact_path(
+    bits: int, group_size: int, scale_dtype: mx.Dtype, n_threads: int, defaults: None
+) -> None:
+    """K not a multiple of a chunk (576 = 4.5 chunks of 128 4-bit weights; 320 at 8 bits
+    ends in half a chunk) reads no byte past a row; odd N and M take every tile."""
+    qmm.set_threads(n_threads)
+    qmm.extension().set_parallel_min(0)
+    for m, n, k in [(1, 40, 576), (3, 37, 384), (6, 64, 1536), (17, 33, 320)]:
+        if k % group_size:
+            continue
+        layer = quantized(n, k, bits, group_size, scale_dtype)
+        x = mx.random.normal((m, k), key=mx.random.key(2))
+        got, exact, want = products(x, layer, group_size, bits)
+        assert rel_error(got, want) < TOLERANCE, (m, n, k)
+        assert not mx.array_equal(got, exact).item(), "int8=True took the exact tiles"
+
+
+@needs_int8
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, defaults: None) -> None:
+    layer = quantized(72, 576, bits, 32, mx.float16)
+    x = mx.random.normal((11, 576), key=mx.random.key(3))
+    batch, _, _ = products(x, layer, 32, bits)
+    for threads in (1, 2):
+        qmm.set_threads(threads)
+        for i in range(11):
+            alone, _, _ = products(x[i : i + 1], layer, 32, bits)
+            assert mx.array_equal(alone, batch[i : i + 1]).item(), (threads, i)
+
+
+@needs_int8
+def test_each_block_of_32_has_its_own_scale(defaults: None) -> None:
+    """An outlier in one block of 32 activations costs precision in that block only:
+    with one scale for the row, 1e4 beside values of ~1 would round those to 0."""
+    layer = quantized(16, 256, 4, 32, mx.float16)
+    x = mx.random.normal((1, 256), key=mx.random.key(4))
+    spiked = mx.concatenate([mx.full((1, 1), 1e4), x[:, 1:]], axis=1)
+    rest = mx.concatenate([mx.zeros((1, 32)), x[:, 32:]], axis=1)
+    got, _, want = products(spiked, layer, 32, 4)
+    first_block = mx.concatenate([spiked[:, :32], mx.zeros((1, 224))], axis=1)
+    got_first, _, _ = products(first_block, layer, 32, 4)
+    got_rest, _, want_rest = products(rest, layer, 32, 4)
+    # Blocks are independent: the product splits over them exactly as the parts do,
+    # up to float summation order; the blocks without the spike keep int8's precision.
+    assert rel_error(got, got_first + got_rest) < 1e-4
+    assert rel_error(got_rest, want_rest) < TOLERANCE
+    assert rel_error(got, want) < TOLERANCE
+
+
+@needs_int8
+def test_zero_and_non_finite_inputs_do_not_crash(defaults: None) -> None:
+    layer = quantized(8, 128, 4, 32, mx.float16)
+    zeros, _, want = products(mx.zeros((2, 128)), layer, 32, 4)
+    assert mx.array_equal(zeros, want).item() and not mx.any(want).item()  # x = 0: y = 0
+    x = mx.random.normal((3, 128), key=mx.random.key(5))
+    x = mx.where(mx.arange(128) == 7, mx.array(float("nan")), x)
+    x = mx.where(mx.arange(128) == 70, mx.array(float("inf")), x)
+    got, _, _ = products(x, layer, 32, 4)
+    assert got.shape == (3, 8)  # garbage in, garbage out, but no crash or hang
+
+
+@needs_kernel
+def test_without_vnni_the_flag_changes_nothing(defaults: None) -> None:
+    """A forced lower set (as on a CPU without VNNI) takes the exact tiles bit for bit."""
+    ext = qmm.extension()
+    try:
+        ext.set_isa("avx2")
+    except ValueError:
+        ext.set_isa("scalar")
+    assert not ext.int8_available()
+    layer = quantized(24, 256, 4, 32, mx.float16)
+    x = mx.random.normal((3, 256), key=mx.random.key(6))
+    got, exact, _ = products(x, layer, 32, 4)
+    assert mx.array_equal(got, exact).item()
+
+
+@needs_int8
+def test_a_model_with_int8_activations_decodes_alike_alone_and_batched(
+    model_cache_dir: Path, defaults: None
+) -> None:
+    """The bundled model loaded with `int8_activations: true`: its path says so, and the
+    logits of a batch of prompts are each prompt's own, bit for bit."""
+    from vllm_mlx.config.model import ModelSettings
+    from vllm_mlx.models.loader import load_model
+
+    settings = ModelSettings(
+        name="m", source="builtin:smollm2-135m-instruct", int8_activations=True
+    )
+    loaded = load_model(settings, model_cache_dir)
+    layers = [
+        m for _, m in loaded.model.named_modules() if isinstance(m, qmm.KernelQuantizedLinear)
+    ]
+    assert layers and all(m.int8_activations for m in layers)
+    tokens = mx.array([[1, 504, 2798, 6330, 314], [1, 9966, 28, 617, 436], [1, 29, 447, 30, 198]])
+    batch = loaded.model(tokens)
+    for i in range(3):
+        assert mx.array_equal(loaded.model(tokens[i : i + 1]), batch[i : i + 1]).item(), i
