@@ -43,6 +43,7 @@ from bench.prompts import PROMPT_SETS
 from bench.stats import summarize
 
 PATHS = {"kernel": {"dtype": "auto"}, "float32": {"dtype": "float32"}}
+INT8_PATH = {"dtype": "auto", "int8_activations": True}
 CASES = ((1, 2), (16, 1))  # (concurrency, requests per client)
 NEW_TOKENS = 128
 
@@ -106,6 +107,8 @@ def daemon_rss_mib(spec: PeerSpec) -> float:
 def peer_specs(args: argparse.Namespace, work: Path, model_dir: Path) -> list[PeerSpec]:
     """The kernel and float32 daemons, then the peers asked for (skipped ones reported)."""
     specs = [vllm_mlx_spec(work, model_dir, name, model=cfg) for name, cfg in PATHS.items()]
+    if args.int8:  # the kernel with `int8_activations: true` (AVX-512 VNNI)
+        specs.append(vllm_mlx_spec(work, model_dir, "kernel-int8", model=INT8_PATH))
     if args.baseline:  # the kernel path of another checkout (its venv's python), e.g. main
         specs.append(
             vllm_mlx_spec(work, model_dir, "baseline", model=PATHS["kernel"], python=args.baseline)
@@ -151,13 +154,16 @@ def serve_side_by_side(specs: list[PeerSpec], work: Path) -> None:
         rss = {spec.label: daemon_rss_mib(spec) for spec in live[:2]}
     print(f"\nload average at end: {load_average()}")
     for concurrency, _ in CASES:
-        k = results[(concurrency, "kernel")]
-        ratios = ", ".join(
-            f"kernel / {label} = {k / tok_s:.2f}x"
-            for (c, label), tok_s in results.items()
-            if c == concurrency and label != "kernel"
-        )
-        print(f"- concurrency {concurrency} (mean of 2 rounds): {ratios}")
+        for ours in ("kernel", "kernel-int8"):
+            if (concurrency, ours) not in results:
+                continue
+            k = results[(concurrency, ours)]
+            ratios = ", ".join(
+                f"{ours} / {label} = {k / tok_s:.2f}x"
+                for (c, label), tok_s in results.items()
+                if c == concurrency and label != ours
+            )
+            print(f"- concurrency {concurrency} (mean of 2 rounds): {ratios}")
     print(f"- daemon RSS after the run: kernel {rss['kernel']:.0f} MiB, "
           f"float32 {rss['float32']:.0f} MiB")  # fmt: skip
 
@@ -211,6 +217,7 @@ def main() -> int:
     parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary")
     parser.add_argument("--threads", type=int, nargs="+", default=[2], help="llama-server -t")
     parser.add_argument("--mlx-lm", action="store_true", help="also mlx_lm.server (float32)")
+    parser.add_argument("--int8", action="store_true", help="also the kernel with int8_activations")
     parser.add_argument("--baseline", help="python of another checkout's venv: its kernel path")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-mlx-qmm-"))

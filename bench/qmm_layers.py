@@ -26,7 +26,7 @@ from bench.machine import load_average
 from bench.peers import model_directory
 
 # Run in a fresh interpreter: argv = model_dir, cache, rows, steps, threads, isa, so,
-# parallel_min (-1: the build's default).
+# parallel_min (-1: the build's default), int8 ("1": int8 activations).
 STEP_CODE = """
 import importlib.util, json, sys, time
 from pathlib import Path
@@ -53,6 +53,8 @@ if int(sys.argv[8]) >= 0:
 rows, steps = int(sys.argv[3]), int(sys.argv[4])
 kinds = (qmm.KernelQuantizedLinear, qmm.KernelQuantizedEmbedding)
 layers = [m for _, m in model.named_modules() if isinstance(m, kinds)]
+for m in layers:
+    m.int8_activations = sys.argv[9] == "1"
 xs = [mx.random.normal((rows, m["weight"].shape[1] * 32 // m.bits)) for m in layers]
 mx.eval(xs)
 def step():
@@ -74,18 +76,19 @@ class Variant:
     isa: str = "default"
     so: str = ""  # an older build of _qmm; "": this tree's
     parallel_min: int = -1  # -1: the build's default split threshold
+    int8: bool = False  # int8 activations (`int8_activations`)
 
     def label(self) -> str:
         build = "baseline" if self.so else "this tree"
         split = "" if self.parallel_min < 0 else f", split >= {self.parallel_min}"
-        return f"{build}, {self.threads} threads{split}"
+        return f"{build}, {self.threads} threads{split}{', int8' if self.int8 else ''}"
 
 
 def run_variant(model_dir: Path, rows: int, steps: int, v: Variant) -> dict[str, Any]:
     cache = Path(os.environ.get("VLLM_MLX_BENCH_CACHE", "/tmp/vllm-mlx-bench-cache"))
     args = [str(model_dir), str(cache), str(rows), str(steps), str(v.threads), v.isa, v.so]
     out = subprocess.run(
-        [sys.executable, "-c", STEP_CODE, *args, str(v.parallel_min)],
+        [sys.executable, "-c", STEP_CODE, *args, str(v.parallel_min), "1" if v.int8 else "0"],
         capture_output=True, text=True, check=True, timeout=900,
     )  # fmt: skip
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -94,8 +97,11 @@ def run_variant(model_dir: Path, rows: int, steps: int, v: Variant) -> dict[str,
 def variants(args: argparse.Namespace) -> list[Variant]:
     found = [Variant(t, isa) for isa in args.isa for t in args.threads]
     found += [Variant(2, "default", "", m) for m in args.parallel_min]
+    if args.int8:
+        found += [Variant(t, "default", int8=True) for t in args.threads]
+        found += [Variant(2, "default", "", m, int8=True) for m in args.parallel_min]
     if args.baseline:
-        found += [Variant(t, "default", args.baseline) for t in args.threads]
+        found += [Variant(t, "default", args.baseline, int8=args.int8) for t in args.threads]
     return found
 
 
@@ -109,6 +115,7 @@ def main() -> int:
     parser.add_argument("--parallel-min", type=int, nargs="*", default=[],
                         help="split thresholds to try at 2 threads")  # fmt: skip
     parser.add_argument("--baseline", default="", help="an older _qmm .so to compare")
+    parser.add_argument("--int8", action="store_true", help="also with int8 activations")
     args = parser.parse_args()
     model_dir = model_directory()
     chosen = variants(args)

@@ -31,6 +31,10 @@ namespace {
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
+// Output rows per decode tile: 8 independent chains (against 1 and 2, and software
+// prefetching of the next tile: no better beyond noise on Zen 4; docs/benchmarks.md).
+constexpr int kDecodeRows = 8;
+
 // The weight offset (within its chunk) of lane L's first weight.
 constexpr int lane_offset(int bits, int lane) {
   return bits == 4 ? 8 * lane : 4 * lane;
@@ -45,65 +49,32 @@ VNNI inline __m512i group_index(int bits, int group_size) {
   return _mm512_load_si512(idx);
 }
 
-// The (up to 4) scales of row n from group g on, as floats in the low lanes, with no read
-// past the row's last group (`count` of them exist).
+// Scales (or biases) [at, at + 16) of a row as floats, masked to the `count` that exist
+// (no read past the row's last group).
 template <ScaleType ST>
-VNNI inline __m128 scales_from(const void* base, size_t at, int count) {
-  if (count >= 4) {
-    if constexpr (ST == ScaleType::f16) {
-      return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
-          static_cast<const uint16_t*>(base) + at)));
-    } else if constexpr (ST == ScaleType::bf16) {
-      __m128i h = _mm_loadl_epi64(
-          reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + at));
-      return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm_loadu_ps(static_cast<const float*>(base) + at);
-    }
-  }
-  __mmask8 mask = static_cast<__mmask8>((1u << count) - 1);
+VNNI inline __m512 load16(const void* base, size_t at, int count) {
+  __mmask16 mask = static_cast<__mmask16>(count >= 16 ? 0xffff : (1u << count) - 1);
   if constexpr (ST == ScaleType::f32) {
-    return _mm_maskz_loadu_ps(mask, static_cast<const float*>(base) + at);
+    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + at);
   } else {
-    __m128i h = _mm_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + at);
+    __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + at);
     if constexpr (ST == ScaleType::f16) {
-      return _mm_cvtph_ps(h);
+      return _mm512_cvtph_ps(h);
     } else {
-      return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
   }
 }
 
-// sum over groups of b[n, g] * (x's float sum over group g): the bias term, 16 groups a step.
-template <ScaleType ST>
-VNNI inline float bias_term(const void* biases, size_t row_at, const float* sums, int groups) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int g = 0; g < groups; g += 16) {
-    __mmask16 mask = static_cast<__mmask16>(groups - g >= 16 ? 0xffff : (1u << (groups - g)) - 1);
-    __m512 b;
-    if constexpr (ST == ScaleType::f32) {
-      b = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(biases) + row_at + g);
-    } else {
-      __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(biases) + row_at + g);
-      if constexpr (ST == ScaleType::f16) {
-        b = _mm512_cvtph_ps(h);
-      } else {
-        b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-      }
-    }
-    acc = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(mask, sums + g), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
-// MT activation rows x NT output rows, every chunk of K.
+// MT activation rows x NT output rows, every chunk of K. Each output row's scales are
+// read 16 groups at a time into a register (its "window"); a chunk's lanes pick theirs
+// from it by one permute, the same index for every row.
 template <int BITS, ScaleType ST, int MT, int NT>
 VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
   const int groups = p.K / p.group_size;
   const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
   const int per_chunk = BITS == 4 ? 128 : 64; // weights in 64 bytes
-  const int chunk_groups = std::max(1, per_chunk / p.group_size);
-  const __m512i index = group_index(BITS, p.group_size);
+  const __m512i lane_group = group_index(BITS, p.group_size);
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   const uint8_t* w[NT];
   for (int j = 0; j < NT; ++j) {
@@ -115,12 +86,20 @@ VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
       acc[i][j] = _mm512_setzero_ps();
     }
   }
+  __m512 window[NT];
+  int window_at = -16;
   for (int c = 0; c < xp.chunks; ++c) {
     const size_t at = static_cast<size_t>(c) * 64;
     const size_t left = row_bytes - at;
     const __mmask64 bytes = left >= 64 ? ~0ULL : (1ULL << left) - 1;
-    const int g0 = c * per_chunk / p.group_size;
-    const int count = std::min(chunk_groups, groups - g0);
+    const int g0 = c * per_chunk / p.group_size; // the chunk's first group
+    if (g0 >= window_at + 16) { // chunks never straddle windows: 16 is a multiple of theirs
+      window_at = g0;
+      for (int j = 0; j < NT; ++j) {
+        window[j] = load16<ST>(p.scales, static_cast<size_t>(n0 + j) * groups + g0, groups - g0);
+      }
+    }
+    const __m512i index = _mm512_add_epi32(lane_group, _mm512_set1_epi32(g0 - window_at));
     __m512i xa[MT], xb[MT];
     __m512 dx[MT];
     for (int i = 0; i < MT; ++i) {
@@ -135,9 +114,7 @@ VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
       __m512i raw = _mm512_maskz_loadu_epi8(bytes, w[j] + at);
       __m512i lo = BITS == 4 ? _mm512_and_si512(raw, nibble) : raw;
       __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
-      const size_t s_at = static_cast<size_t>(n0 + j) * groups + g0;
-      __m512 s = _mm512_permutexvar_ps(
-          index, _mm512_castps128_ps512(scales_from<ST>(p.scales, s_at, count)));
+      __m512 s = _mm512_permutexvar_ps(index, window[j]);
       for (int i = 0; i < MT; ++i) {
         __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa[i]);
         if constexpr (BITS == 4) {
@@ -147,11 +124,21 @@ VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
       }
     }
   }
-  for (int i = 0; i < MT; ++i) {
-    const float* sums = xp.sums.data() + static_cast<size_t>(m0 + i) * groups;
+  // The bias term, sum over groups of b[n, g] * (x's float sum over g), joins the lanes
+  // before the one reduction per output.
+  for (int g = 0; g < groups; g += 16) {
     for (int j = 0; j < NT; ++j) {
-      float bias = bias_term<ST>(p.biases, static_cast<size_t>(n0 + j) * groups, sums, groups);
-      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) + bias;
+      __m512 b = load16<ST>(p.biases, static_cast<size_t>(n0 + j) * groups + g, groups - g);
+      for (int i = 0; i < MT; ++i) {
+        const float* sums = xp.sums.data() + static_cast<size_t>(m0 + i) * groups + g;
+        __mmask16 mask = static_cast<__mmask16>(groups - g >= 16 ? 0xffff : (1u << (groups - g)) - 1);
+        acc[i][j] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(mask, sums), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    for (int j = 0; j < NT; ++j) {
+      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]);
     }
   }
 }
@@ -162,8 +149,8 @@ template <int BITS, ScaleType ST>
 void rows_typed(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end) {
   if (p.M == 1) {
     int n = n_begin;
-    for (; n + 8 <= n_end; n += 8) {
-      tile<BITS, ST, 1, 8>(p, xp, 0, n);
+    for (; n + kDecodeRows <= n_end; n += kDecodeRows) {
+      tile<BITS, ST, 1, kDecodeRows>(p, xp, 0, n);
     }
     for (; n < n_end; ++n) {
       tile<BITS, ST, 1, 1>(p, xp, 0, n);
