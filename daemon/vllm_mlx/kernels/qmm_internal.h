@@ -22,12 +22,12 @@ struct Prepared {
 
 // The activations of the int8 tiles (qmm_vnni.cpp): x rounded to int8 per 32 values
 // (scale max|x| / 127), laid out chunk by chunk as a chunk of 64 weight bytes pairs with
-// it, with each vpdpbusd lane's activation scale, and x's float sum over each weight
-// group (for the bias term, kept exact).
+// it, with each vpdpbusd lane's activation scale, and the rounded activations' sum over
+// each weight group (for the bias term).
 struct PreparedInt8 {
   std::vector<int8_t> q; // [M, chunks, chunk_bytes]; 4 bits: 64 even then 64 odd values
   std::vector<float> dx; // [M, chunks, 16]: the scale of lane L's activations (0 past K)
-  std::vector<float> sums; // [M, K / group_size]
+  std::vector<float> sums; // [M, K / group_size]: sum of dx * q over the group
   int chunks = 0;
   int chunk_bytes = 0; // 128 at 4 bits, 64 at 8
 };

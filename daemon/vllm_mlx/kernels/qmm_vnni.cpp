@@ -8,7 +8,7 @@
 // those bound a decode step. Here 128 4-bit weights cost two ANDs, a shift and two
 // vpdpbusd per activation row, and the float work is once per 128 weights: the lane sums
 // times (weight scale x activation scale). The product differs from the exact one by the
-// activations' rounding (relative error ~1e-2, tests/unit/test_qmm_int8.py), which is
+// activations' rounding (relative error ~5e-3, tests/unit/test_qmm_int8.py), which is
 // why it is a choice, not the default.
 //
 // A chunk is 64 bytes of a weight row: 128 weights at 4 bits, 64 at 8. Lane L of a
@@ -124,7 +124,7 @@ VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
       }
     }
   }
-  // The bias term, sum over groups of b[n, g] * (x's float sum over g), joins the lanes
+  // The bias term, sum over groups of b[n, g] * (the rounded x's sum over g), joins the lanes
   // before the one reduction per output.
   for (int g = 0; g < groups; g += 16) {
     for (int j = 0; j < NT; ++j) {
@@ -177,56 +177,86 @@ void rows_typed(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_
 
 } // namespace
 
-void prepare_int8(const QmmProblem& p, PreparedInt8& out) {
+namespace {
+
+// 16 activations times 127 / max|x|, rounded to nearest even, clamped to [-127, 127].
+VNNI inline __m128i round16(__m512 v, __m512 inv) {
+  __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
+  r = _mm512_min_epi32(_mm512_max_epi32(r, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+  return _mm512_cvtsepi32_epi8(r);
+}
+
+// One block of 32 activations to int8 (scale max|x| / 127); its scale is returned. A NaN
+// or an infinity gives garbage values, clamped, never a fault.
+VNNI inline float quantize_block(const float* src, int8_t* out) {
+  __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), round16(a, inv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), round16(b, inv));
+  return amax / 127.0f;
+}
+
+// A 4-bit chunk's activations: the 64 even-indexed of 128 values, then the 64 odd ones
+// (what the low and high nibbles of 64 weight bytes multiply).
+VNNI inline void split_even_odd(const int8_t* src, int8_t* dst) {
+  for (int half = 0; half < 2; ++half) {
+    __m512i v = _mm512_loadu_si512(src + 64 * half);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * half), _mm512_cvtepi16_epi8(v));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64 + 32 * half),
+                        _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8)));
+  }
+}
+
+} // namespace
+
+VNNI void prepare_int8(const QmmProblem& p, PreparedInt8& out) {
   const int per_chunk = p.bits == 4 ? 128 : 64;
   const int groups = p.K / p.group_size;
   const int blocks = p.K / 32; // K is a multiple of the group size, so of 32
   out.chunks = (p.K + per_chunk - 1) / per_chunk;
   out.chunk_bytes = p.bits == 4 ? 128 : 64;
   const size_t row_q = static_cast<size_t>(out.chunks) * out.chunk_bytes;
-  out.q.assign(static_cast<size_t>(p.M) * row_q, 0); // padding past K multiplies as 0
-  out.dx.assign(static_cast<size_t>(p.M) * out.chunks * 16, 0.0f);
+  out.q.resize(static_cast<size_t>(p.M) * row_q);
+  out.dx.resize(static_cast<size_t>(p.M) * out.chunks * 16);
   out.sums.resize(static_cast<size_t>(p.M) * groups);
-  std::vector<int8_t> xq(p.K);
+  // Whole chunks: a row's last one is padded with zeros past K, which multiply as 0.
+  std::vector<int8_t> xq(static_cast<size_t>(out.chunks) * per_chunk);
   std::vector<float> block_scale(blocks);
   for (int m = 0; m < p.M; ++m) {
     const float* src = p.x + static_cast<size_t>(m) * p.K;
+    std::fill(xq.begin() + p.K, xq.end(), 0);
     for (int b = 0; b < blocks; ++b) {
-      float amax = 0.0f;
-      for (int t = 0; t < 32; ++t) {
-        amax = std::max(amax, std::fabs(src[32 * b + t]));
-      }
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      block_scale[b] = amax / 127.0f;
-      for (int t = 0; t < 32; ++t) {
-        // Rounded to nearest; a NaN or an overflow clamps rather than wrapping.
-        const float v = std::nearbyint(src[32 * b + t] * inv);
-        xq[32 * b + t] = static_cast<int8_t>(v >= 127.0f ? 127 : v > -127.0f ? v : -127);
-      }
+      block_scale[b] = quantize_block(src + 32 * b, xq.data() + 32 * b);
     }
     int8_t* q = out.q.data() + static_cast<size_t>(m) * row_q;
     float* dx = out.dx.data() + static_cast<size_t>(m) * out.chunks * 16;
     for (int c = 0; c < out.chunks; ++c) {
       const int k0 = c * per_chunk;
-      for (int i = 0; i < 64; ++i) {
-        if (p.bits == 4 && k0 + 2 * i < p.K) {
-          q[c * 128 + i] = xq[k0 + 2 * i];
-          q[c * 128 + 64 + i] = xq[k0 + 2 * i + 1];
-        } else if (p.bits == 8 && k0 + i < p.K) {
-          q[c * 64 + i] = xq[k0 + i];
-        }
+      if (p.bits == 4) {
+        split_even_odd(xq.data() + k0, q + c * 128);
+      } else {
+        std::memcpy(q + c * 64, xq.data() + k0, 64);
       }
       for (int lane = 0; lane < 16; ++lane) {
         const int k = k0 + lane_offset(p.bits, lane);
         dx[c * 16 + lane] = k < p.K ? block_scale[k / 32] : 0.0f;
       }
     }
+    // The bias term's sums are of the rounded activations, not of x: then the product's
+    // error is sum_k w_k e_k over the rounding errors e_k, and affine weights are about
+    // centred; with x's own sums it would be sum_k s q_k e_k, q_k of mean ~7.5 (4 bits),
+    // ~2.7x larger (measured: 1.4% against 0.53% relative error on random layers).
     for (int g = 0; g < groups; ++g) {
-      float s = 0.0f;
-      for (int k = g * p.group_size; k < (g + 1) * p.group_size; ++k) {
-        s += src[k];
+      float sum = 0.0f;
+      for (int b = g * p.group_size / 32; b < (g + 1) * p.group_size / 32; ++b) {
+        int block = 0;
+        for (int t = 0; t < 32; ++t) {
+          block += xq[32 * b + t];
+        }
+        sum += block_scale[b] * static_cast<float>(block);
       }
-      out.sums[static_cast<size_t>(m) * groups + g] = s;
+      out.sums[static_cast<size_t>(m) * groups + g] = sum;
     }
   }
 }
