@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from vllm_mlx.config.errors import ConfigError, ConfigIssue, format_key_path
 from vllm_mlx.config.fields import LocatedError
 from vllm_mlx.config.file import LoadedConfig
-from vllm_mlx.config.model import ModelSettings, check_unique_model_ids
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.model_checks import check_unique_model_ids
 from vllm_mlx.parsers.reasoning import reasoning_parser_names
 from vllm_mlx.parsers.tool_calls import tool_call_parser_names
 

@@ -26,7 +26,8 @@ from vllm_mlx.config.fields import (
 from vllm_mlx.config.limits import LimitsSettings
 from vllm_mlx.config.mcp import McpSettings
 from vllm_mlx.config.memory import MemorySettings
-from vllm_mlx.config.model import ModelSettings, check_draft_models, check_unique_model_ids
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.model_checks import check_draft_models, check_unique_model_ids
 from vllm_mlx.config.ollama import OllamaSettings, overlaps
 from vllm_mlx.config.sections import (
     DefaultsSettings,

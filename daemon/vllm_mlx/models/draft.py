@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_mlx.config.model import ModelSettings, named_model
+from vllm_mlx.config.model import ModelSettings
+from vllm_mlx.config.model_checks import named_model
 
 
 def draft_settings(models: Sequence[ModelSettings], model: ModelSettings) -> ModelSettings | None:
