@@ -35,6 +35,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from vllm_mlx.engine.prefill_pacing import PrefillPacer
 from vllm_mlx.engine.scheduler_state import SchedulerConfig
 from vllm_mlx.engine.speculative.verify import Speculator
+from vllm_mlx.models.cpu.logsumexp import log_probabilities
 
 
 class LeanGenerationBatch(GenerationBatch):
@@ -54,7 +55,7 @@ class LeanGenerationBatch(GenerationBatch):
         logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
         logits, token_context = self._process(inputs, logits)
         # Lazy: evaluated only when a request's logprobs are read.
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        logprobs = log_probabilities(logits)
         self._next_tokens = self._sample(logits, logprobs)
         self._next_logprobs = list(logprobs)
         # Start computing the next step, then wait for this one's tokens (mlx-lm's
@@ -94,7 +95,7 @@ class LeanGenerationBatch(GenerationBatch):
             if sampler is greedy_sampler:
                 picked.append(mx.argmax(row, axis=-1))
             else:
-                picked.append(sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)))
+                picked.append(sampler(log_probabilities(row)))
         return mx.concatenate(picked, axis=0)
 
 

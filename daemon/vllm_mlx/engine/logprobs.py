@@ -24,6 +24,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx.engine.cache.prefix import PrefixCache, PrefixHit
 from vllm_mlx.engine.types import GenerationRequest, TokenLogprob
+from vllm_mlx.models.cpu.logsumexp import log_probabilities
 
 # JSON has no -inf; a masked token's log-probability is reported as this (as vLLM does).
 FLOOR = -9999.0
@@ -123,7 +124,7 @@ class RawCapture:
 
     def pop(self) -> mx.array:
         logits = self._steps.popleft()[0].astype(mx.float32)
-        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return log_probabilities(logits)
 
 
 def make_row(
@@ -148,7 +149,7 @@ def prefill(
             mx.eval([c.state for c in cache])
             continue
         logits = logits[0].astype(mx.float32)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        logprobs = log_probabilities(logits)
         wanted = list(targets[start : start + step])
         count = len(wanted)
         entries.extend(_select(logprobs, wanted, [top] * count, [0.0] * count))

@@ -6,6 +6,7 @@
 
 #include "act.h"
 #include "attn.h"
+#include "logsumexp.h"
 #include "norm.h"
 #include "qmm.h"
 #include "qmm_kernel.h"
@@ -30,6 +31,8 @@ NB_MODULE(_qmm, m) {
   m.def("swiglu", &vllm_mlx_kernels::swiglu, "gate"_a, "up"_a, nb::kw_only(),
         "stream"_a = nb::none(),
         "silu(gate) * up for float32 arrays of one shape, bit-identical to mlx_lm's swiglu.");
+  m.def("logsumexp", &vllm_mlx_kernels::logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.logsumexp(x, axis=-1, keepdims=True) for float32 on the CPU, the same bits.");
   m.def("rms_norm", &vllm_mlx_kernels::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(),
         "stream"_a = nb::none(), "mx.fast.rms_norm for float32, as one CPU graph node.");
   m.def("rope", &vllm_mlx_kernels::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a,

@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx.engine.cache.rows import KVQuantization, row_caches
+from vllm_mlx.models.cpu.logsumexp import log_probabilities
 
 # The fixed text the test's bound and the benchmark's table are stated over: plain
 # English prose (183 tokens for the bundled model's tokenizer).
@@ -52,7 +53,7 @@ def perplexity(
         piece = ids[start : min(start + chunk, len(tokens) - 1)]
         targets = ids[start + 1 : start + 1 + piece.shape[0]]
         logits = model(piece[None], cache=cache)[0].astype(mx.float32)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        logprobs = log_probabilities(logits)
         picked = mx.take_along_axis(logprobs, targets[:, None], axis=-1)
         nll = -mx.sum(picked)
         mx.eval(nll)

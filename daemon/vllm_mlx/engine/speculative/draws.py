@@ -30,6 +30,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import GuardedSampler, SeededSampler
+from vllm_mlx.models.cpu.logsumexp import log_probabilities
 
 
 def decodes_like_a_step(sampler: Any) -> bool:
@@ -81,7 +82,7 @@ class RowDraws:
                 rows = self.logits[1 : len(self.draft) + 1]
                 self._greedy = mx.argmax(rows, axis=-1)
             row = self.logits[j]
-            self.vectors.append(row - mx.logsumexp(row, axis=-1, keepdims=True))
+            self.vectors.append(log_probabilities(row))
             return self._greedy[j - 1 : j]
         row = self.logits[j : j + 1]
         if self.history is not None:
@@ -95,7 +96,7 @@ class RowDraws:
                     row = mx.array(row)
                     continue
                 row = processor(context, row)
-        vector = row - mx.logsumexp(row, axis=-1, keepdims=True)
+        vector = log_probabilities(row)
         self.vectors.append(vector[0])
         if self.sampler is None or self.key is None:
             return mx.argmax(row, axis=-1)

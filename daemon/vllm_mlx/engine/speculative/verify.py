@@ -43,6 +43,7 @@ from vllm_mlx.engine.speculative.ngram import NgramProposer
 from vllm_mlx.engine.speculative.plan import choose_width
 from vllm_mlx.engine.speculative.rewind import can_rewind, rewind
 from vllm_mlx.engine.types import GenerationRequest
+from vllm_mlx.models.cpu.logsumexp import log_probabilities
 
 log = structlog.get_logger(__name__)
 
@@ -294,7 +295,7 @@ class Speculator:
             logits = batch.model(mx.array(grid, dtype=inputs.dtype), cache=batch.prompt_cache)
         # Position 0 is the normal step for every row: its processors and sampler.
         first, context = batch._process(inputs, logits[:, 0, :])
-        logprobs = first - mx.logsumexp(first, axis=-1, keepdims=True)
+        logprobs = log_probabilities(first)
         sampled = batch._sample(first, logprobs)
         ahead = {i: RowDraws(batch, i, logits[i], d) for i, d in drafts.items()}
         mx.eval(sampled, context)
