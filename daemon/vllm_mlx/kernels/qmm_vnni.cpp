@@ -165,8 +165,13 @@ void rows_typed(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_
     for (; m + 4 <= p.M; m += 4) {
       tile<BITS, ST, 4, NT>(p, xp, m, at);
     }
-    for (; m < p.M; ++m) {
-      tile<BITS, ST, 1, NT>(p, xp, m, at);
+    // The last 1-3 rows in one tile: the weights are read once more, not up to 3 times (15
+    // rows: 47.1-47.7 ms a step against 51.2-53.5 row by row).
+    switch (p.M - m) {
+      case 3: tile<BITS, ST, 3, NT>(p, xp, m, at); break;
+      case 2: tile<BITS, ST, 2, NT>(p, xp, m, at); break;
+      case 1: tile<BITS, ST, 1, NT>(p, xp, m, at); break;
+      default: break;
     }
   };
   for (; n + 4 <= n_end; n += 4) {
