@@ -35,7 +35,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from vllm_mlx.engine.prefill_pacing import PrefillPacer
 from vllm_mlx.engine.scheduler_state import SchedulerConfig
 from vllm_mlx.engine.speculative.verify import Speculator
-from vllm_mlx.models.cpu.logsumexp import log_probabilities
+from vllm_mlx.models.cpu.vocab import log_probabilities
 
 
 class LeanGenerationBatch(GenerationBatch):

@@ -24,7 +24,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx.engine.cache.prefix import PrefixCache, PrefixHit
 from vllm_mlx.engine.types import GenerationRequest, TokenLogprob
-from vllm_mlx.models.cpu.logsumexp import log_probabilities
+from vllm_mlx.models.cpu.vocab import log_probabilities
 
 # JSON has no -inf; a masked token's log-probability is reported as this (as vLLM does).
 FLOOR = -9999.0

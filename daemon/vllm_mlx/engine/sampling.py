@@ -21,6 +21,7 @@ from mlx_lm.sample_utils import (
 )
 
 from vllm_mlx.engine.types import SamplingParams
+from vllm_mlx.models.cpu.vocab import categorical
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -59,7 +60,7 @@ class SeededSampler:
         """The token drawn from `logprobs` (one row, normalized) with `key`."""
         for apply in self.filters:
             logprobs = apply(logprobs)
-        return mx.random.categorical(logprobs * self.inverse_temp, key=key)
+        return categorical(logprobs * self.inverse_temp, key)
 
 
 def make_sampler(params: SamplingParams, vocab_size: int) -> Sampler:

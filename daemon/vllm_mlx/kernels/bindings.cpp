@@ -33,6 +33,9 @@ NB_MODULE(_qmm, m) {
         "silu(gate) * up for float32 arrays of one shape, bit-identical to mlx_lm's swiglu.");
   m.def("logsumexp", &vllm_mlx_kernels::logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mx.logsumexp(x, axis=-1, keepdims=True) for float32 on the CPU, the same bits.");
+  m.def("categorical_draw", &vllm_mlx_kernels::categorical_draw, "logits"_a, "uniform"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "One token per row drawn from softmax(logits) at the row's uniform value (CPU).");
   m.def("rms_norm", &vllm_mlx_kernels::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(),
         "stream"_a = nb::none(), "mx.fast.rms_norm for float32, as one CPU graph node.");
   m.def("rope", &vllm_mlx_kernels::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a,

@@ -15,6 +15,15 @@ namespace mx = mlx::core;
 
 mx::array logsumexp(const mx::array& x, mx::StreamOrDevice s = {});
 
+// One token per row of `logits` (float32 [..., V], scaled by 1 / temperature, -inf where
+// masked), drawn with probability softmax(logits) by inverting the cumulative sum at the
+// row's `uniform` value in [0, 1) (float32, logits' shape without the last axis): one
+// random number per row, where a Gumbel-max draw (mx.random.categorical) needs one per
+// vocabulary entry and two logarithms of each. uint32 indices; a row with every entry
+// -inf gives 0 (a valid index; the caller's grammar or guard deals with it).
+mx::array categorical_draw(const mx::array& logits, const mx::array& uniform,
+                           mx::StreamOrDevice s = {});
+
 class FastLogSumExp : public mx::UnaryPrimitive {
  public:
   explicit FastLogSumExp(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
@@ -24,6 +33,21 @@ class FastLogSumExp : public mx::UnaryPrimitive {
 
   const char* name() const override {
     return "VllmMlxLogSumExp";
+  }
+  bool is_equivalent(const mx::Primitive&) const override {
+    return true;
+  }
+};
+
+class FastCategoricalDraw : public mx::UnaryPrimitive {
+ public:
+  explicit FastCategoricalDraw(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "VllmMlxCategoricalDraw";
   }
   bool is_equivalent(const mx::Primitive&) const override {
     return true;

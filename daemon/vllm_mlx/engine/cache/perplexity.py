@@ -16,7 +16,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx.engine.cache.rows import KVQuantization, row_caches
-from vllm_mlx.models.cpu.logsumexp import log_probabilities
+from vllm_mlx.models.cpu.vocab import log_probabilities
 
 # The fixed text the test's bound and the benchmark's table are stated over: plain
 # English prose (183 tokens for the bundled model's tokenizer).

@@ -30,7 +30,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from vllm_mlx.engine.logprobs import RawCapture
 from vllm_mlx.engine.sampling import GuardedSampler, SeededSampler
-from vllm_mlx.models.cpu.logsumexp import log_probabilities
+from vllm_mlx.models.cpu.vocab import log_probabilities
 
 
 def decodes_like_a_step(sampler: Any) -> bool:

@@ -43,7 +43,7 @@ from vllm_mlx.engine.speculative.ngram import NgramProposer
 from vllm_mlx.engine.speculative.plan import choose_width
 from vllm_mlx.engine.speculative.rewind import can_rewind, rewind
 from vllm_mlx.engine.types import GenerationRequest
-from vllm_mlx.models.cpu.logsumexp import log_probabilities
+from vllm_mlx.models.cpu.vocab import log_probabilities
 
 log = structlog.get_logger(__name__)
 
