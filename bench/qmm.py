@@ -131,7 +131,7 @@ def peer_specs(args: argparse.Namespace, work: Path, model_dir: Path) -> list[Pe
     return [spec for spec in specs if not spec.skip]
 
 
-def serve_side_by_side(specs: list[PeerSpec], work: Path) -> None:
+def serve_side_by_side(specs: list[PeerSpec], work: Path, temperature: float = 0.0) -> None:
     print(f"load average at start: {load_average()}\n")
     print("| concurrency | path | aggregate tok/s | per-stream tok/s p50 | TTFT p50 s | errors |")
     print("| ---: | --- | ---: | ---: | ---: | ---: |")
@@ -139,7 +139,9 @@ def serve_side_by_side(specs: list[PeerSpec], work: Path) -> None:
     with ExitStack() as stack:
         live = [stack.enter_context(running(s, work / f"{s.name}-{s.port}.log")) for s in specs]
         for index, (concurrency, per_client) in enumerate(CASES * 2):
-            scenario = Scenario(PROMPT_SETS["short"], concurrency, per_client, NEW_TOKENS, 900.0)
+            scenario = Scenario(
+                PROMPT_SETS["short"], concurrency, per_client, NEW_TOKENS, 900.0, temperature
+            )
             shift = index % len(live)
             for spec in live[shift:] + live[:shift]:
                 asyncio.run(warm_up(spec.base_url, spec.model_id, scenario))
@@ -218,12 +220,13 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[2], help="llama-server -t")
     parser.add_argument("--mlx-lm", action="store_true", help="also mlx_lm.server (float32)")
     parser.add_argument("--int8", action="store_true", help="also the kernel with int8_activations")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     parser.add_argument("--baseline", help="python of another checkout's venv: its kernel path")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-mlx-qmm-"))
     model_dir = model_directory()
     if not args.skip_serve:
-        serve_side_by_side(peer_specs(args, work, model_dir), work)
+        serve_side_by_side(peer_specs(args, work, model_dir), work, args.temperature)
     cache = work / "cache"
     kernel, float32 = rss_mib(model_dir, "auto", cache), rss_mib(model_dir, "float32", cache)
     print(f"- weights RSS (fresh process, after load): kernel {kernel:.0f} MiB, float32 "

@@ -3,7 +3,8 @@
 mlx-lm's `GenerationBatch._step` turns every row's logits into log-probabilities
 (`logits - logsumexp`) and evaluates them each step, whether or not anything reads them.
 On Linux MLX's CPU `exp` is scalar, so for a 49k-token vocabulary at 16 rows that was
-~7 ms of a ~100 ms step (docs/benchmarks.md). Here:
+~7 ms of a ~100 ms step (docs/benchmarks.md). The normalization that remains goes through
+`log_probabilities` (models/cpu/vocab.py: the extension's logsumexp, the same bits). Here:
 
 - greedy rows (the shared `greedy_sampler`) take the argmax of the logits themselves:
   the same token as the argmax of the log-probabilities, which differ by a constant per
