@@ -14,9 +14,9 @@ namespace vllm_mlx_kernels {
 
 namespace {
 
-// One row: MLX's order of operations (see logsumexp.h), the exponentials vectorised into
-// a scratch buffer, the sum left sequential as MLX's is.
-float row_logsumexp(const float* x, int n, std::vector<float>& scratch) {
+// The row's maximum and, when it is finite, exp(x - maximum) in `scratch` with MLX's exp
+// (act_kernel.h), vectorised.
+float shifted_exponentials(const float* x, int n, std::vector<float>& scratch) {
   float maximum = -std::numeric_limits<float>::infinity();
   for (int i = 0; i < n; ++i) {
     maximum = std::max(x[i], maximum); // MLX's maximum(vals, vmaximum), vals first
@@ -29,6 +29,16 @@ float row_logsumexp(const float* x, int n, std::vector<float>& scratch) {
     scratch[i] = x[i] - maximum;
   }
   exp_inplace(scratch.data(), static_cast<size_t>(n));
+  return maximum;
+}
+
+// One row: MLX's order of operations (see logsumexp.h), the sum left sequential as
+// MLX's is.
+float row_logsumexp(const float* x, int n, std::vector<float>& scratch) {
+  const float maximum = shifted_exponentials(x, n, scratch);
+  if (std::isinf(maximum)) {
+    return maximum;
+  }
   float normalizer = 0.0f;
   for (int i = 0; i < n; ++i) {
     normalizer = normalizer + scratch[i];
@@ -39,21 +49,13 @@ float row_logsumexp(const float* x, int n, std::vector<float>& scratch) {
 // The index the cumulative sum of softmax(x) first passes u (in [0, 1)) at; the sums in
 // double, so a 150k-entry vocabulary loses no token to rounding.
 uint32_t row_draw(const float* x, int n, float u, std::vector<float>& scratch) {
-  float maximum = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < n; ++i) {
-    maximum = std::max(x[i], maximum);
-  }
+  const float maximum = shifted_exponentials(x, n, scratch);
   if (maximum == -std::numeric_limits<float>::infinity()) {
     return 0; // nothing allowed: any valid index, as Gumbel-max gives one too
   }
   if (std::isinf(maximum)) { // +inf: all the mass on the first such entry
     return static_cast<uint32_t>(std::find(x, x + n, maximum) - x);
   }
-  scratch.resize(n);
-  for (int i = 0; i < n; ++i) {
-    scratch[i] = x[i] - maximum;
-  }
-  exp_inplace(scratch.data(), static_cast<size_t>(n));
   double total = 0.0;
   for (int i = 0; i < n; ++i) {
     total += scratch[i];
