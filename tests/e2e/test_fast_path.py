@@ -60,3 +60,52 @@ def test_dtype_quantized_keeps_the_stored_weights(start_daemon: StartDaemon) -> 
     )
     record = model_loaded_line(daemon.log_text())
     assert record["dtype"] == "quantized"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the Linux CPU kernel")
+def test_int8_activations_serve_and_a_request_replies_alike_alone_or_batched(
+    start_daemon: StartDaemon,
+) -> None:
+    """`int8_activations: true` through config, loader and daemon: the load line names the
+    path (or why it is ignored on a CPU without VNNI), and through the OpenAI SDK a greedy
+    request gets the same reply alone as beside three others (the int8 tiles give a row
+    the same bits in any batch)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from vllm_mlx.models.cpu import qmm
+
+    daemon = start_daemon(
+        {
+            "models": [
+                {
+                    "name": "smol",
+                    "source": "builtin:smollm2-135m-instruct",
+                    "int8_activations": True,
+                }
+            ]
+        }
+    )
+    record = model_loaded_line(daemon.log_text())
+    granted = qmm.status().available and bool(qmm.extension().int8_available())
+    if granted:
+        assert record["path"] == "quantized+kernel+int8", record
+    else:
+        assert "int8_activations ignored" in str(record["dtype_reason"]), record
+    client = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", timeout=120)
+
+    def ask(topic: str) -> str:
+        reply = client.chat.completions.create(
+            model="smol",
+            messages=[{"role": "user", "content": f"Write two sentences about {topic}."}],
+            max_tokens=24,
+            temperature=0,
+        )
+        return reply.choices[0].message.content or ""
+
+    ask("the sea")  # so that both compared requests start from the same prefix-cache hit
+    alone = ask("the sea")
+    with ThreadPoolExecutor(4) as pool:
+        batched = list(pool.map(ask, ["the sea", "a forest", "the moon", "bread"]))
+    assert alone and batched[0] == alone
