@@ -113,6 +113,12 @@ def peer_specs(args: argparse.Namespace, work: Path, model_dir: Path) -> list[Pe
         specs.append(
             vllm_mlx_spec(work, model_dir, "baseline", model=PATHS["kernel"], python=args.baseline)
         )
+        if args.int8:
+            specs.append(
+                vllm_mlx_spec(
+                    work, model_dir, "baseline-int8", model=INT8_PATH, python=args.baseline
+                )
+            )
     if args.llama_server:
         from vllm_mlx.models.sources import builtin_path
 

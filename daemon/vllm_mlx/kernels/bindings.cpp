@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "act.h"
 #include "attn.h"
@@ -22,6 +23,12 @@ NB_MODULE(_qmm, m) {
       "int8"_a = false, "stream"_a = nb::none(),
       "x @ dequantize(w, scales, biases).T on the CPU; rows beyond max_rows use BLAS. "
       "int8: int8 activations (VNNI) where int8_available().");
+  m.def(
+      "quantized_matmul_many", &vllm_mlx_kernels::quantized_matmul_many, "x"_a, "ws"_a,
+      "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "max_rows"_a = 32, nb::kw_only(),
+      "int8"_a = false, "stream"_a = nb::none(),
+      "[quantized_matmul(x, w, s, b, ...) for each set] as one node and one thread split; "
+      "the same bits as the calls one by one.");
   m.def("softmax_prefill", &vllm_mlx_kernels::softmax_prefill, "scores"_a, "M"_a, "causal"_a,
         "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "The softmax of prefill attention scores, causal and/or masked, threaded.");

@@ -94,6 +94,64 @@ mx::array quantized_matmul(
   return mx::astype(y, out_dtype, s);
 }
 
+std::vector<mx::array> quantized_matmul_many(
+    const mx::array& x,
+    const std::vector<mx::array>& ws,
+    const std::vector<mx::array>& scales,
+    const std::vector<mx::array>& biases,
+    int group_size,
+    int bits,
+    int max_rows,
+    bool int8,
+    mx::StreamOrDevice s) {
+  if (ws.empty() || scales.size() != ws.size() || biases.size() != ws.size()) {
+    throw std::invalid_argument(
+        "vllm_mlx quantized_matmul_many: one or more weight sets, each with its scales and "
+        "biases");
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    check(x, ws[i], scales[i], biases[i], group_size, bits);
+    if (scales[i].dtype() != scales[0].dtype()) {
+      throw std::invalid_argument(
+          "vllm_mlx quantized_matmul_many: every set's scales must have one dtype");
+    }
+  }
+  auto stream = mx::to_stream(s);
+  int K = x.shape(-1);
+  int M = static_cast<int>(x.size() / K);
+  if (stream.device != mx::Device::cpu || M > max_rows || ws.size() == 1) {
+    std::vector<mx::array> outs;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      outs.push_back(
+          quantized_matmul(x, ws[i], scales[i], biases[i], group_size, bits, max_rows, int8, s));
+    }
+    return outs;
+  }
+  auto as_is = [&](const mx::array& a) {
+    return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
+  };
+  std::vector<mx::array> inputs{mx::astype(x, mx::float32, s)};
+  std::vector<mx::Shape> shapes;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    inputs.push_back(as_is(ws[i]));
+    inputs.push_back(as_is(scales[i]));
+    inputs.push_back(as_is(biases[i]));
+    auto shape = x.shape();
+    shape.back() = ws[i].shape(0);
+    shapes.push_back(std::move(shape));
+  }
+  std::vector<mx::Dtype> dtypes(ws.size(), mx::float32);
+  auto ys = mx::array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<FastQuantizedMatmulMany>(stream, group_size, bits, int8),
+      std::move(inputs));
+  auto out_dtype = mx::promote_types(x.dtype(), scales[0].dtype());
+  for (auto& y : ys) {
+    y = mx::astype(y, out_dtype, s);
+  }
+  return ys;
+}
+
 mx::array dequantize(
     const mx::array& w,
     const mx::array& scales,
@@ -168,6 +226,47 @@ void FastQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool FastQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const FastQuantizedMatmul&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_;
+}
+
+void FastQuantizedMatmulMany::eval_cpu(
+    const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& x = inputs[0];
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  for (auto& out : outputs) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    encoder.set_output_array(out);
+  }
+  int K = inputs[1].shape(1) * 32 / bits_;
+  int M = K == 0 ? 0 : static_cast<int>(x.size() / K);
+  auto rows = row_major(x, encoder); // a strided x (rare: a transposed view) is copied
+  std::vector<QmmProblem> problems;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto& w = inputs[1 + 3 * i];
+    auto& scales = inputs[2 + 3 * i];
+    auto& biases = inputs[3 + 3 * i];
+    problems.push_back(QmmProblem{
+        rows.data, w.data<uint32_t>(), scales.data<void>(), biases.data<void>(),
+        outputs[i].data<float>(), M, w.shape(0), K, group_size_, bits_,
+        scale_type(scales.dtype()), int8_});
+  }
+  encoder.dispatch([problems = std::move(problems), fill = std::move(rows.fill)]() {
+    if (fill) {
+      fill();
+    }
+    qmm_many(problems.data(), static_cast<int>(problems.size()));
+  });
+}
+
+void FastQuantizedMatmulMany::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("VllmMlxQuantizedMatmulMany runs on the CPU only");
+}
+
+bool FastQuantizedMatmulMany::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const FastQuantizedMatmulMany&>(other);
   return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_;
 }
 

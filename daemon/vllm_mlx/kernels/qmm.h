@@ -22,6 +22,21 @@ mx::array quantized_matmul(
     bool int8 = false,
     mx::StreamOrDevice s = {});
 
+// quantized_matmul of one x by several weight sets of one group size and bits (a layer's
+// q, k and v projections, an MLP's gate and up), as one graph node and one split over the
+// kernel's threads (qmm_many). Each output has the same bits as quantized_matmul(x, w_i,
+// ...) alone; rows beyond `max_rows` and other devices take quantized_matmul per set.
+std::vector<mx::array> quantized_matmul_many(
+    const mx::array& x,
+    const std::vector<mx::array>& ws,
+    const std::vector<mx::array>& scales,
+    const std::vector<mx::array>& biases,
+    int group_size,
+    int bits,
+    int max_rows,
+    bool int8 = false,
+    mx::StreamOrDevice s = {});
+
 // The float32 weights [N, K] of an affine-quantized w (dequant.h), as mx.dequantize
 // computes them, on every core; the CPU prefill path of quantized_matmul uses it.
 mx::array dequantize(
@@ -60,6 +75,26 @@ class FastQuantizedMatmul : public mx::UnaryPrimitive {
 
   const char* name() const override {
     return "VllmMlxQuantizedMatmul";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  int group_size_;
+  int bits_;
+  bool int8_;
+};
+
+class FastQuantizedMatmulMany : public mx::Primitive {
+ public:
+  FastQuantizedMatmulMany(mx::Stream stream, int group_size, int bits, bool int8)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits), int8_(int8) {}
+
+  // inputs: x, then (w, scales, biases) per set; one output per set.
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override {
+    return "VllmMlxQuantizedMatmulMany";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
 

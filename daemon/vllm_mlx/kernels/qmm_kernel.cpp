@@ -330,39 +330,87 @@ void set_isa(const std::string& name) {
   g_isa = best_isa();
 }
 
-// rows_of(n_begin, n_end) over every output row, split over the pool when worth it.
+// rows_of(problem, n_begin, n_end) over every output row of `count` problems, split over
+// the pool when their total work is worth it.
 template <class Rows>
-void split_rows(const QmmProblem& p, const Rows& rows_of) {
-  long work = static_cast<long>(p.N) * p.K * (p.M + 2);
-  int n_threads = work < g_parallel_min ? 1 : std::min(threads(), p.N / 16);
+void split_rows(const QmmProblem* problems, int count, const Rows& rows_of) {
+  long work = 0;
+  int all_n = 0;
+  for (int i = 0; i < count; ++i) {
+    const QmmProblem& p = problems[i];
+    work += static_cast<long>(p.N) * p.K * (p.M + 2);
+    all_n += p.N;
+  }
+  int n_threads = work < g_parallel_min ? 1 : std::min(threads(), all_n / 16);
   if (n_threads <= 1) {
-    rows_of(0, p.N);
+    for (int i = 0; i < count; ++i) {
+      rows_of(problems[i], 0, problems[i].N);
+    }
     return;
   }
-  // Chunks of whole 4-row tiles, about 4 per thread, so a late worker costs one chunk.
-  int per = std::max(16, (p.N / (4 * n_threads) + 3) / 4 * 4);
-  int chunks = (p.N + per - 1) / per;
-  pool().run(n_threads, chunks, [&](int c) { rows_of(c * per, std::min(p.N, (c + 1) * per)); });
+  // Chunks of whole 4-row tiles, about 4 per thread over all the problems, so a late
+  // worker costs one chunk; a chunk never spans two problems.
+  int per = std::max(16, (all_n / (4 * n_threads) + 3) / 4 * 4);
+  struct Chunk {
+    int problem, n0, n1;
+  };
+  thread_local std::vector<Chunk> chunk_list; // reused: ~200 calls a decode step
+  std::vector<Chunk>& chunks = chunk_list;
+  chunks.clear();
+  for (int i = 0; i < count; ++i) {
+    for (int n0 = 0; n0 < problems[i].N; n0 += per) {
+      chunks.push_back({i, n0, std::min(problems[i].N, n0 + per)});
+    }
+  }
+  pool().run(n_threads, static_cast<int>(chunks.size()), [&](int c) {
+    const Chunk& chunk = chunks[c];
+    rows_of(problems[chunk.problem], chunk.n0, chunk.n1);
+  });
 }
 
-void qmm(const QmmProblem& p) {
+void check_shared(const QmmProblem* problems, int count) {
+  for (int i = 1; i < count; ++i) {
+    const QmmProblem& a = problems[0];
+    const QmmProblem& b = problems[i];
+    if (a.x != b.x || a.M != b.M || a.K != b.K || a.group_size != b.group_size ||
+        a.bits != b.bits || a.scale_type != b.scale_type || a.int8 != b.int8) {
+      throw std::invalid_argument(
+          "qmm_many: the problems must share x, M, K, group size, bits, scale type and int8");
+    }
+  }
+}
+
+void qmm_many(const QmmProblem* problems, int count) {
+  if (count <= 0) {
+    return;
+  }
+  check_shared(problems, count);
+  const QmmProblem& first = problems[0];
   // thread_local: the buffers outlive the call. Workers get them through a reference, since
   // naming a thread_local inside the lambda would name the worker's own (empty) copy.
   const Isa isa = g_isa; // one instruction set for the whole call (x's layout is per set)
 #if defined(__x86_64__)
-  if (p.int8 && isa == Isa::avx512 && int8_granted_here()) {
+  if (first.int8 && isa == Isa::avx512 && int8_granted_here()) {
     thread_local PreparedInt8 prepared;
-    prepare_int8(p, prepared);
+    prepare_int8(first, prepared);
     const PreparedInt8& xp = prepared;
-    split_rows(p, [&](int n0, int n1) { rows_int8(p, xp, n0, n1); });
+    split_rows(problems, count, [&](const QmmProblem& p, int n0, int n1) {
+      rows_int8(p, xp, n0, n1);
+    });
     return;
   }
 #endif
   thread_local Prepared prepared;
   const Prepared& xp = prepared;
-  int block = p.bits != 4 || isa == Isa::scalar ? 0 : isa == Isa::avx512 ? 16 : 8;
-  prepare(p, block, prepared);
-  split_rows(p, [&](int n0, int n1) { rows(isa, p, xp, n0, n1); });
+  int block = first.bits != 4 || isa == Isa::scalar ? 0 : isa == Isa::avx512 ? 16 : 8;
+  prepare(first, block, prepared);
+  split_rows(problems, count, [&](const QmmProblem& p, int n0, int n1) {
+    rows(isa, p, xp, n0, n1);
+  });
+}
+
+void qmm(const QmmProblem& p) {
+  qmm_many(&p, 1);
 }
 
 } // namespace vllm_mlx_kernels

@@ -33,6 +33,14 @@ bool supported(int bits, int group_size);
 // Computes y; splits the output rows over the pool's threads when worth it.
 void qmm(const QmmProblem& p);
 
+// Several products of one x (a layer's q, k and v projections; an MLP's gate and up): the
+// problems share x, M, K, group_size, bits, scale_type and int8 and differ in w, scales,
+// biases, N and y. x is prepared once and every output row of every problem goes to one
+// split over the pool, so the call costs one hand-off instead of `count`. Each output row
+// is computed exactly as qmm computes it (the same bits). std::invalid_argument when the
+// shared fields differ.
+void qmm_many(const QmmProblem* problems, int count);
+
 // Threads used per call (>= 1); the pool is resized on the next call.
 void set_threads(int n);
 int threads();

@@ -182,7 +182,7 @@ def apply_dtype(
 ) -> tuple[Any, DtypeDecision]:
     import psutil
 
-    from vllm_mlx.models.cpu import attention, qmm
+    from vllm_mlx.models.cpu import attention, projections, qmm
     from vllm_mlx.models.cpu import norms as fused_norms
     from vllm_mlx.models.cpu import swiglu as fused
 
@@ -199,6 +199,7 @@ def apply_dtype(
     model = convert(model, decision.chosen)
     if decision.kernel:
         qmm.swap_layers(model, blas_optimized=blas_optimized, int8_activations=decision.int8)
+        projections.group_projections(model)  # q/k/v and gate/up: one call each
     if device == "cpu":  # float32 activations on either path: the extension's fused ops
         fused.swap_activations(model)
         fused_norms.swap_norms(model)

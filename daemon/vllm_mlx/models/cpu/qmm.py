@@ -119,6 +119,11 @@ def eligible(module: Any) -> bool:
     )
 
 
+def max_rows() -> int:
+    """Inputs with more rows than this take dequantize + BLAS (see MAX_ROWS)."""
+    return _max_rows
+
+
 def _matmul(module: Any, x: mx.array) -> mx.array:
     ext = extension()
     return ext.quantized_matmul(  # type: ignore[no-any-return]
@@ -138,9 +143,12 @@ class KernelQuantizedLinear(QuantizedLinear):
 
     # The model's `int8_activations` (set per layer by swap_layers).
     int8_activations: bool = False
+    # Its sibling projections of the same input (models/cpu/projections.py), if grouped.
+    projection_group: Any = None
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = _matmul(self, x)
+        group = self.projection_group
+        y = _matmul(self, x) if group is None else group.output(self, x)
         if "bias" in self:
             y = y + self["bias"]
         return y
