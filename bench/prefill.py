@@ -242,6 +242,9 @@ def main() -> int:
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--skip-stall", action="store_true")
     parser.add_argument(
+        "--baseline", help="python of another checkout's venv: its daemon at each --stall too"
+    )
+    parser.add_argument(
         "--stall", type=float, nargs="+", default=[3.0, 1.0], help="engine.max_prefill_stall values"
     )
     args = parser.parse_args()
@@ -287,6 +290,18 @@ def main() -> int:
             )
             for stall in args.stall
         ]
+        if args.baseline:
+            paced += [
+                vllm_mlx_spec(
+                    work,
+                    model_dir,
+                    f"baseline, max_prefill_stall: {stall}",
+                    engine={"max_prefill_stall": stall},
+                    paths=private_cache(work, f"baseline-{stall}"),
+                    python=args.baseline,
+                )
+                for stall in args.stall
+            ]
         stall_table([*paced, unpaced, *([llama] if llama and not llama.skip else [])], work, 1)
     print(f"load average at end: {load_average()}")
     return 0
