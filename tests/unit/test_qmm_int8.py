@@ -35,7 +35,7 @@ def defaults() -> Iterator[None]:
     if BUILT:
         ext = qmm.extension()
         ext.set_isa("best")
-        ext.set_parallel_min(1 << 22)
+        ext.set_parallel_min(1 << 21)
         qmm.set_threads(2)
 
 

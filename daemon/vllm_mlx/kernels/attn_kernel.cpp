@@ -321,10 +321,11 @@ void sdpa_decode(const AttnProblem& p) {
   // The matmul's rule (qmm_kernel.cpp): waking a worker costs more than small work saves.
   // Work in its units: an FMA per query head, and loading a K or V element ~2 FMAs (like
   // unpacking a weight). On the shared 2-core machine a second thread gained nothing
-  // measurable even at 16 x 1000 positions (it is memory-bound
-  // there), so the threshold stays the matmul's rather than a lower one of our own.
+  // measurable even at 16 x 1000 positions (it is memory-bound there), so the threshold
+  // stays where it was measured: twice the matmul's (which was lowered to 1 << 21 for
+  // the decode MLP's down projection), 1 << 22 by default.
   long work = static_cast<long>(p.B) * p.T * (p.D + p.Dv) * (p.Hq + 2 * p.Hkv);
-  int n_threads = work < parallel_min() ? 1 : std::min(threads(), units);
+  int n_threads = work < 2 * parallel_min() ? 1 : std::min(threads(), units);
   if (n_threads <= 1) {
     run(0, units);
     return;

@@ -278,9 +278,10 @@ void sdpa_prefill(const PrefillProblem& p) {
   const Ops op = ops(); // one instruction set for the whole call
   const int G = p.Hq / p.Hkv;
   const int blocks = (p.M + kQ - 1) / kQ;
-  // The matmul's rule (qmm_kernel.cpp): small work stays on the calling thread.
+  // The matmul's rule (qmm_kernel.cpp): small work stays on the calling thread (at twice
+  // its threshold, the 1 << 22 this was measured with).
   long work = static_cast<long>(p.B) * p.Hq * p.M * p.L * (p.D + p.Dv);
-  int n_threads = work < parallel_min() ? 1 : threads();
+  int n_threads = work < 2 * parallel_min() ? 1 : threads();
   // A unit holds a KV head's G query heads, which share its K and V reads; with fewer
   // units than ~4 a thread (one short sequence: 3 units for the bundled model), each
   // query head is a unit instead, so that the threads' shares come out even.

@@ -50,9 +50,11 @@ constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512", "neon"};
 
 // A matmul whose work (output rows x inputs x (rows + 2): unpacking a weight costs about
 // two rows' FMAs) is under this stays on one thread: handing half of it to a sleeping
-// worker costs more than it saves. Measured with bench/qmm_layers.py (docs/benchmarks.md).
+// worker costs more than it saves. Measured with bench/qmm_layers.py (docs/benchmarks.md);
+// lowered from 1 << 22 when the decode step's down projection (2.65 M at one row) measured
+// 4-9% faster split (round 8), q/k/v (1.66 M) and o (1 M) not.
 // Atomics: tests and benchmarks change these while MLX streams may be running matmuls.
-std::atomic<long> g_parallel_min{1L << 22};
+std::atomic<long> g_parallel_min{1L << 21};
 std::atomic<int> g_threads{0}; // 0: not set, use the default
 
 int default_threads() {
