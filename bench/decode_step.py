@@ -8,8 +8,9 @@ OpenBLAS chosen first), then decodes greedily from one token on `rows` rows, pip
 as mlx-lm's generator is (the next step's graph is built while this one computes), and
 reports the best of 3 rounds of ms per step for each variant: sibling projections one
 call per layer at the first `--parallel-min` (the kernel's split threshold: round 7's
-build), then grouped in one call (models/cpu/projections.py) at each threshold. Variants alternate within a round so that load drift
-favours none. No HTTP, no scheduler: bench/qmm.py measures the daemon.
+build), then grouped in one call (models/cpu/projections.py) at each threshold.
+Variants alternate within a round so that load drift favours none. No HTTP, no
+scheduler: bench/qmm.py measures the daemon.
 """
 
 from __future__ import annotations
