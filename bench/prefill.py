@@ -280,28 +280,21 @@ def main() -> int:
             work, model_dir, "vllm-mlx, max_prefill_stall: null",
             engine={"max_prefill_stall": None}, paths=private_cache(work, "unpaced"),
         )  # fmt: skip
+        # This checkout's daemon, and another's (--baseline), at each max_prefill_stall.
+        runs = [("vllm-mlx", "paced", sys.executable)]
+        runs += [("baseline", "baseline", args.baseline)] if args.baseline else []
         paced = [
             vllm_mlx_spec(
                 work,
                 model_dir,
-                f"vllm-mlx, max_prefill_stall: {stall}",
+                f"{label}, max_prefill_stall: {stall}",
                 engine={"max_prefill_stall": stall},
-                paths=private_cache(work, f"paced-{stall}"),
+                paths=private_cache(work, f"{tag}-{stall}"),
+                python=python,
             )
+            for label, tag, python in runs
             for stall in args.stall
         ]
-        if args.baseline:
-            paced += [
-                vllm_mlx_spec(
-                    work,
-                    model_dir,
-                    f"baseline, max_prefill_stall: {stall}",
-                    engine={"max_prefill_stall": stall},
-                    paths=private_cache(work, f"baseline-{stall}"),
-                    python=args.baseline,
-                )
-                for stall in args.stall
-            ]
         stall_table([*paced, unpaced, *([llama] if llama and not llama.skip else [])], work, 1)
     print(f"load average at end: {load_average()}")
     return 0

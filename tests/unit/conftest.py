@@ -16,3 +16,17 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     qmm.extension().set_isa(request.param)
     yield request.param
     qmm.extension().set_isa("best")
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    """Restores the kernel defaults a test changed: threads, the split threshold, the ISA."""
+    if not qmm.status().available:
+        yield
+        return
+    ext = qmm.extension()
+    parallel_min = ext.parallel_min()
+    yield
+    qmm.set_threads(2)
+    ext.set_parallel_min(parallel_min)
+    ext.set_isa("best")

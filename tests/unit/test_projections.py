@@ -3,8 +3,6 @@ the same bits as one call per layer, and the grouping around it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -15,16 +13,6 @@ from vllm_mlx.models.cpu import projections, qmm
 
 BUILT = qmm.status().available
 pytestmark = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")
-
-
-@pytest.fixture
-def pool() -> Iterator[None]:
-    ext = qmm.extension()
-    parallel_min = ext.parallel_min()
-    yield
-    qmm.set_threads(2)
-    ext.set_parallel_min(parallel_min)
-    ext.set_isa("best")
 
 
 def weight_sets(bits: int, outputs: tuple[int, ...], k: int = 256) -> list[tuple[mx.array, ...]]:
@@ -45,7 +33,7 @@ def many(x: mx.array, sets: list[tuple[mx.array, ...]], bits: int, **kw: object)
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("split", [False, True])
 def test_each_product_has_the_bits_of_its_own_call(
-    isa: str, bits: int, int8: bool, split: bool, pool: None
+    isa: str, bits: int, int8: bool, split: bool, threads: None
 ) -> None:
     """Whether on one thread or split over the pool in chunks that cross from one set to
     the next, every output row is computed as quantized_matmul computes it."""

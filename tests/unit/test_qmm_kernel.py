@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,20 +20,6 @@ needs_kernel = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.s
 
 def rel_error(got: mx.array, want: mx.array) -> float:
     return float((mx.linalg.norm(got - want) / mx.linalg.norm(want)).item())
-
-
-@pytest.fixture
-def threads() -> Iterator[None]:
-    """Restores the defaults a test changed: threads, the split threshold, the ISA."""
-    if not BUILT:
-        yield
-        return
-    ext = qmm.extension()
-    parallel_min = ext.parallel_min()
-    yield
-    qmm.set_threads(2)
-    ext.set_parallel_min(parallel_min)
-    ext.set_isa("best")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="install.sh builds it on Linux")
