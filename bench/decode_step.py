@@ -1,16 +1,18 @@
 """One decode step of the bundled model in-process, variants side by side (issue 29).
 
-    python bench/decode_step.py                           # rows 1 and 16, exact and int8
-    python bench/decode_step.py --rows 1 2 4 --parallel-min 4194304 2097152
+    python bench/decode_step.py                                # rows 1 and 16, exact and int8
+    python bench/decode_step.py --prefetch 0 4096 8192 16384   # prefetch distances
+    python bench/decode_step.py --parallel-min 4194304 2097152 --ungrouped
 
 Loads the model as the daemon does (dtype auto: the quantized kernel where built, with
 OpenBLAS chosen first), then decodes greedily from one token on `rows` rows, pipelined
 as mlx-lm's generator is (the next step's graph is built while this one computes), and
-reports the best of 3 rounds of ms per step for each variant: sibling projections one
-call per layer at the first `--parallel-min` (the kernel's split threshold: round 7's
-build), then grouped in one call (models/cpu/projections.py) at each threshold.
-Variants alternate within a round so that load drift favours none. No HTTP, no
-scheduler: bench/qmm.py measures the daemon.
+reports the best of 3 rounds of ms per step for each variant: every pair of the kernel's
+split threshold (`--parallel-min`) and weight prefetch distance (`--prefetch`, bytes; 0:
+off, round 8's build), sibling projections grouped in one call (models/cpu/projections.py);
+`--ungrouped` adds one call per layer at the first pair (round 7's build). Variants
+alternate within a round so that load drift favours none. No HTTP, no scheduler:
+bench/qmm.py measures the daemon.
 """
 
 from __future__ import annotations
@@ -70,34 +72,42 @@ def ms_per_step(model: Any, rows: int, steps: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--parallel-min", type=int, nargs="+", default=[4194304, 2097152])
+    parser.add_argument("--parallel-min", type=int, nargs="+", default=[2097152])
+    parser.add_argument("--prefetch", type=int, nargs="+", default=[0, 8192])
+    parser.add_argument("--ungrouped", action="store_true")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     from vllm_mlx.models.cpu import qmm
 
     print(f"load average at start: {load_average()}\n")
-    print("| activations | rows | grouped | parallel_min | ms per step (best of rounds) |")
-    print("| --- | ---: | --- | ---: | ---: |")
+    print("| activations | rows | grouped | parallel_min | prefetch | ms per step (best) |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    pairs = [(p, d) for p in args.parallel_min for d in args.prefetch]
+    variants = [(True, p, d) for p, d in pairs]
+    if args.ungrouped:
+        variants.insert(0, (False, *pairs[0]))
     for int8 in (False, True):
         model = load(int8)
         ext, groups = qmm.extension(), groups_of(model)
-        default = ext.parallel_min()
-        # Ungrouped at the first threshold (the build before round 8), then grouped at each.
-        variants = [(False, args.parallel_min[0])] + [(True, p) for p in args.parallel_min]
+        defaults = ext.parallel_min(), ext.prefetch_distance()
+        kind = "int8" if int8 and ext.int8_available() else "exact"
         for rows in args.rows:
-            best: dict[tuple[bool, int], float] = {}
+            best: dict[tuple[bool, int, int], float] = {}
             for _ in range(args.rounds):
-                for grouped, parallel_min in variants:
+                for variant in variants:
+                    grouped, parallel_min, prefetch = variant
                     for group in groups:
                         group.active = grouped
                     ext.set_parallel_min(parallel_min)
+                    ext.set_prefetch_distance(prefetch)
                     ms = ms_per_step(model, rows, args.steps)
-                    best[grouped, parallel_min] = min(ms, best.get((grouped, parallel_min), ms))
-            for (grouped, parallel_min), ms in best.items():
-                kind = "int8" if int8 and qmm.extension().int8_available() else "exact"
-                print(f"| {kind} | {rows} | {grouped} | {parallel_min} | {ms:.2f} |", flush=True)
-        ext.set_parallel_min(default)
+                    best[variant] = min(ms, best.get(variant, ms))
+            for (grouped, parallel_min, prefetch), ms in best.items():
+                row = f"| {kind} | {rows} | {grouped} | {parallel_min} | {prefetch} | {ms:.2f} |"
+                print(row, flush=True)
+        ext.set_parallel_min(defaults[0])
+        ext.set_prefetch_distance(defaults[1])
     print(f"\nload average at end: {load_average()}")
     return 0
 

@@ -20,13 +20,15 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def threads() -> Iterator[None]:
-    """Restores the kernel defaults a test changed: threads, the split threshold, the ISA."""
+    """Restores the kernel defaults a test changed: threads, the split threshold, the
+    prefetch distance, the ISA."""
     if not qmm.status().available:
         yield
         return
     ext = qmm.extension()
-    parallel_min = ext.parallel_min()
+    parallel_min, prefetch = ext.parallel_min(), ext.prefetch_distance()
     yield
     qmm.set_threads(2)
     ext.set_parallel_min(parallel_min)
+    ext.set_prefetch_distance(prefetch)
     ext.set_isa("best")

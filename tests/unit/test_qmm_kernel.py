@@ -112,6 +112,34 @@ def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, isa: str, threa
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("bits", [4, 8])
+def test_prefetching_ahead_never_changes_the_bits(bits: int, isa: str, threads: None) -> None:
+    """The tiles prefetch their weights a distance ahead, past the array's end for the
+    last tiles: any distance (off, a line, far past the end) gives the same product, for
+    one row (decode tiles) and several, on one thread and split, int8 where granted."""
+    ext = qmm.extension()
+    ext.set_isa(isa)
+    w = mx.random.normal((300, 320), key=mx.random.key(21))  # 8-row tiles and a tail
+    wq, scales, biases = mx.quantize(w, group_size=32, bits=bits)
+    x = mx.random.normal((5, 320), key=mx.random.key(22))
+    int8_options = [False, True] if isa == "avx512" and ext.int8_available() else [False]
+    for int8 in int8_options:
+        for rows in (x[:1], x):
+            for parallel_min in (0, 2**40):
+                ext.set_parallel_min(parallel_min)
+                products = []
+                for distance in (0, 64, 8192, 1 << 30):
+                    ext.set_prefetch_distance(distance)
+                    products.append(
+                        ext.quantized_matmul(rows, wq, scales, biases, 32, bits, int8=int8)
+                    )
+                assert all(mx.array_equal(p, products[0]).item() for p in products[1:])
+    ext.set_prefetch_distance(-5)
+    assert ext.prefetch_distance() == 0
+
+
+@needs_kernel
 def test_a_large_product_is_split_and_many_calls_reuse_the_pool(threads: None) -> None:
     """Above the split threshold both threads take chunks; repeated calls (the pool's
     wake-ups and sleeps) keep giving the same answer."""

@@ -79,5 +79,8 @@ NB_MODULE(_qmm, m) {
   m.def("set_parallel_min", &vllm_mlx_kernels::set_parallel_min, "work"_a,
         "Matmuls with less work (rows_out x inputs x (rows + 2)) stay on one thread.");
   m.def("parallel_min", &vllm_mlx_kernels::parallel_min);
+  m.def("set_prefetch_distance", &vllm_mlx_kernels::set_prefetch_distance, "bytes"_a,
+        "How far ahead (bytes) the x86-64 tiles prefetch their weights into L2; 0: off.");
+  m.def("prefetch_distance", &vllm_mlx_kernels::prefetch_distance);
   m.def("supported", &vllm_mlx_kernels::supported, "bits"_a, "group_size"_a);
 }

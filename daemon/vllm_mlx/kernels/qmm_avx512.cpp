@@ -93,7 +93,10 @@ AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
     acc[j] = _mm512_setzero_ps();
   }
   const float* x = xp.x.data();
+  const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
+  const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
   for (int g = 0; g < groups; ++g) {
+    prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
     __m512 s[NT], b[NT], table[NT];
     for (int j = 0; j < NT; ++j) {
       size_t at = static_cast<size_t>(n0 + j) * groups + g;
@@ -132,7 +135,10 @@ AVX512 void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
       acc[i][j] = _mm512_setzero_ps();
     }
   }
+  const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
+  const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
   for (int g = 0; g < groups; ++g) {
+    prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
     __m512 s[NT], b[NT], table[NT];
     for (int j = 0; j < NT; ++j) {
       size_t at = static_cast<size_t>(n0 + j) * groups + g;

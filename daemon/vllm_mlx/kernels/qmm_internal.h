@@ -2,6 +2,7 @@
 // share with the dispatcher in qmm_kernel.cpp.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -40,6 +41,28 @@ inline float bf16_to_float(uint16_t h) {
 }
 
 float half_to_float(uint16_t h);
+
+// How far ahead (bytes) the tiles prefetch the weights they will read; 0: off. A tile
+// reads its rows interleaved (64 bytes of each of 8 rows, then the next 64 of each), and
+// such short strided streams defeat the hardware prefetcher: on Zen 4 a plain loop over
+// 32 MiB read that way streams 11-13 GB/s against 23-25 in order. Asking for the bytes
+// into L2 in the order they lie, this far ahead, brings it back (docs/benchmarks.md
+// "Round 9"). Atomic: benchmarks change it while MLX streams may be running matmuls.
+extern std::atomic<long> g_prefetch_distance;
+
+// Prefetches into L2 the lines of tile bytes [begin, end) (offsets from the tile's first
+// weight byte, rows lying one after another) `distance` bytes on: each line once, however
+// the caller steps through the tile.
+inline void prefetch_ahead(const void* tile, size_t begin, size_t end, long distance) {
+  if (distance <= 0) {
+    return;
+  }
+  // Integer arithmetic: the lines ahead may lie past the array (a prefetch never faults).
+  const uintptr_t base = reinterpret_cast<uintptr_t>(tile) + static_cast<uintptr_t>(distance);
+  for (size_t at = (begin + 63) & ~size_t{63}; at < end; at += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(base + at), 0, 2);
+  }
+}
 
 // Output rows [n_begin, n_end) of y, per instruction set. n_begin is a multiple of 4.
 void rows_avx2(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);

@@ -49,6 +49,10 @@ int threads();
 void set_parallel_min(long work);
 long parallel_min();
 
+// How far ahead (bytes) the x86-64 tiles prefetch their weights into L2; 0: off.
+void set_prefetch_distance(long bytes);
+long prefetch_distance();
+
 // The instruction set in use: "avx512", "avx2", "neon" or "scalar" (the best the CPU has, unless
 // set_isa chose another: "best" or one of those; std::invalid_argument if the CPU lacks it).
 const char* isa();

@@ -88,8 +88,10 @@ VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
   }
   __m512 window[NT];
   int window_at = -16;
+  const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
   for (int c = 0; c < xp.chunks; ++c) {
     const size_t at = static_cast<size_t>(c) * 64;
+    prefetch_ahead(w[0], at * NT, (at + 64) * NT, ahead);
     const size_t left = row_bytes - at;
     const __mmask64 bytes = left >= 64 ? ~0ULL : (1ULL << left) - 1;
     const int g0 = c * per_chunk / p.group_size; // the chunk's first group
