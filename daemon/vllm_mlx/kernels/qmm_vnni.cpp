@@ -88,7 +88,9 @@ VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
   }
   __m512 window[NT];
   int window_at = -16;
-  const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
+  // Only the first pass over these output rows reads them from memory; later activation
+  // rows find them in cache.
+  const long ahead = m0 == 0 ? g_prefetch_distance.load(std::memory_order_relaxed) : 0;
   for (int c = 0; c < xp.chunks; ++c) {
     const size_t at = static_cast<size_t>(c) * 64;
     prefetch_ahead(w[0], at * NT, (at + 64) * NT, ahead);
