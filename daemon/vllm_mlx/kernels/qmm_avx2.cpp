@@ -57,11 +57,10 @@ AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
   }
   const __m256i low4 = _mm256_set1_epi32(0xf);
   const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
-  const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
+  // A tile of one output row (several activation rows) reads it in order: no prefetch.
+  const long ahead = NT > 1 ? g_prefetch_distance.load(std::memory_order_relaxed) : 0;
   for (int g = 0; g < groups; ++g) {
-    if constexpr (NT > 1) { // one output row (several activation rows) reads in order
-      prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
-    }
+    prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
     __m256 acc0[MT][NT], acc1[MT][NT];
     for (int i = 0; i < MT; ++i) {
       for (int j = 0; j < NT; ++j) {
