@@ -213,7 +213,9 @@ def _apply_dtype(weights: Any, model: ModelSettings) -> tuple[Any, DtypeDecision
     weights, decision = apply_dtype(
         weights, model.dtype, blas_optimized=optimized, int8_activations=model.int8_activations
     )
-    return weights, decision, choice.name if choice else "not chosen"
+    if choice is None:
+        return weights, decision, "not chosen"
+    return weights, decision, f"{choice.name} ({choice.core})" if choice.core else choice.name
 
 
 def describe_models(settings: Settings, resolve: bool = False) -> list[dict[str, Any]]:

@@ -12,15 +12,20 @@ bundled netlib copy. This is what `LD_PRELOAD=libopenblas.so.0` does, without a 
 or an environment variable the user must set. Once mlx is imported its symbols are
 bound and it is too late; `configure` then says so rather than pretending.
 
-On macOS MLX uses Accelerate (and Metal): nothing is loaded there.
+On macOS MLX uses Accelerate (and Metal): nothing is loaded there. Before OpenBLAS is
+loaded, `openblas_core.steer` keeps a library older than the CPU off its SSE3 kernels.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from vllm_mlx.models.cpu import openblas_core
 
 AUTO = "auto"
 BUNDLED = "bundled"
@@ -30,6 +35,14 @@ BUNDLED = "bundled"
 # openmp/serial) build; Fedora/Arch ship the same soname.
 CANDIDATES = ("libopenblas.so.0", "libopenblas.so")
 
+# check_library's test of an explicit path, run in a fresh interpreter.
+_NOT_CBLAS = 3
+_CHECK = (
+    "import ctypes, sys\n"
+    "lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_LOCAL)\n"
+    f"sys.exit(0 if hasattr(lib, 'cblas_sgemm') else {_NOT_CBLAS})\n"
+)
+
 
 @dataclass(frozen=True)
 class BlasChoice:
@@ -38,6 +51,7 @@ class BlasChoice:
     name: str  # "accelerate", "bundled", or the library loaded (e.g. "openblas")
     path: str | None  # the file loaded, when one was
     reason: str
+    core: str | None = None  # OpenBLAS's kernels ("Cooperlake", "Haswell"), when it says
 
     @property
     def optimized(self) -> bool:
@@ -77,36 +91,65 @@ def _choose(mode: str, platform: str) -> BlasChoice:
     if mode != AUTO:
         return _load_explicit(mode)
     for name in CANDIDATES:
+        steering = openblas_core.steer(name)
         handle = _open_global(name)
         if handle is not None:
-            return BlasChoice("openblas", _mapped_path(name) or name, f"loaded {name}")
+            core = _core_name(handle)
+            notes = [f"OpenBLAS core {core}"] if core else []
+            notes += [note] if (note := steering.describe()) else []
+            reason = f"loaded {name}" + (f" ({'; '.join(notes)})" if notes else "")
+            return BlasChoice("openblas", _mapped_path(name) or name, reason, core)
     return BlasChoice(BUNDLED, None, f"no optimized BLAS found; {install_hint()}")
 
 
 def check_library(mode: str, platform: str | None = None) -> None:
     """Config validation of `engine.blas`: an explicit path must be a loadable CBLAS
     library. Run by `check-config` and `serve` alike (it is a field validator), so a
-    path `serve` would refuse never passes `check-config`. Opened RTLD_LOCAL, which
-    binds nothing: `configure` opens it RTLD_GLOBAL later."""
+    path `serve` would refuse never passes `check-config`."""
     if (platform or sys.platform) == "darwin" or mode in (AUTO, BUNDLED):
         return
     file = Path(mode).expanduser()
     if not file.is_file():
         what = "is a directory" if file.is_dir() else "does not exist"
         raise ValueError(f"{file} {what} (use auto, bundled, or a shared library's path)")
-    try:
-        library = ctypes.CDLL(str(file), mode=ctypes.RTLD_LOCAL)
-    except OSError as exc:
-        raise ValueError(f"cannot load {file} as a shared library: {exc}") from exc
-    if not hasattr(library, "cblas_sgemm"):
+    # In a process of its own: loading it here would fix OpenBLAS's kernel choice before
+    # `configure` can steer it (models/cpu/openblas_core.py).
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", _CHECK, str(file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+        check=False,
+    )
+    if done.returncode == _NOT_CBLAS:
         raise ValueError(f"{file} is not a CBLAS library (it has no cblas_sgemm)")
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["it did not load"])[-1]
+        raise ValueError(f"cannot load {file} as a shared library: {why}")
 
 
 def _load_explicit(path: str) -> BlasChoice:
     file = Path(path).expanduser()
-    if _open_global(str(file)) is None:
+    steering = openblas_core.steer(str(file))
+    handle = _open_global(str(file))
+    if handle is None:
         raise ValueError(f"engine.blas: cannot load {file} as a shared library")
-    return BlasChoice(file.name.split(".so")[0].removeprefix("lib"), str(file), "engine.blas")
+    note = steering.describe()
+    reason = "engine.blas" + (f" ({note})" if note else "")
+    name = file.name.split(".so")[0].removeprefix("lib")
+    return BlasChoice(name, str(file), reason, _core_name(handle))
+
+
+def _core_name(handle: ctypes.CDLL) -> str | None:
+    """OpenBLAS's name for the kernels it runs (None for another BLAS)."""
+    try:
+        corename = handle.openblas_get_corename
+    except AttributeError:
+        return None
+    corename.restype = ctypes.c_char_p
+    value = corename()
+    return value.decode(errors="replace") if isinstance(value, bytes) else None
 
 
 def _open_global(name: str) -> ctypes.CDLL | None:
