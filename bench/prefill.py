@@ -242,7 +242,7 @@ def main() -> int:
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--skip-stall", action="store_true")
     parser.add_argument(
-        "--baseline", help="python of another checkout's venv: its daemon at each --stall too"
+        "--baseline", help="python of another checkout's venv: its daemon in both scenarios"
     )
     parser.add_argument(
         "--stall", type=float, nargs="+", default=[3.0, 1.0], help="engine.max_prefill_stall values"
@@ -269,11 +269,18 @@ def main() -> int:
         if spec.skip:
             print(f"- skipped {spec.label}: {spec.skip}")
     peers = [spec for spec in peers if not spec.skip]
-    ours = vllm_mlx_spec(work, model_dir, "vllm-mlx", paths=private_cache(work, "ttft"))
+    ours = [vllm_mlx_spec(work, model_dir, "vllm-mlx", paths=private_cache(work, "ttft"))]
+    if args.baseline:
+        ours.append(
+            vllm_mlx_spec(
+                work, model_dir, "baseline", paths=private_cache(work, "ttft-baseline"),
+                python=args.baseline,
+            )
+        )  # fmt: skip
     if not args.skip_ttft:
         with ExitStack() as stack:
             live = [stack.enter_context(running(s, work / f"{s.name}-{s.port}.log"))
-                    for s in [ours, *peers]]  # fmt: skip
+                    for s in [*ours, *peers]]  # fmt: skip
             ttft_table(live, args.rounds)
     if not args.skip_stall:
         unpaced = vllm_mlx_spec(
