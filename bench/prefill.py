@@ -1,6 +1,7 @@
 """Prefill against the peers, side by side in one run (issue 29).
 
     python bench/prefill.py --llama-server /path/llama-server --mlx-lm --rounds 2
+    python bench/prefill.py --llama-server ... --skip-stall --baseline /other/venv/bin/python
 
 Two scenarios, every server on the bundled model (vllm-mlx and mlx_lm.server on its
 mlx-lm directory, llama-server on the GGUF it came from):

@@ -157,7 +157,7 @@ def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
         from mlx_lm.utils import load
 
         weights, tokenizer = load(str(model_dir))[:2]
-    weights, decision, blas_name = _apply_dtype(weights, model)
+    weights, decision, blas_fields = _apply_dtype(weights, model)
     if tower is not None:
         from vllm_mlx.models.vision_model import install_placeholder_embedding
 
@@ -171,7 +171,7 @@ def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
         dtype=decision.chosen,
         path=decision.path,
         dtype_reason=decision.reason,
-        blas=blas_name,
+        **blas_fields,
     )
     return LoadedModel(
         name=model.name,
@@ -203,8 +203,9 @@ def _load_vlm(model_dir: Path) -> tuple[Any, Any, Any]:
     return text_model, tokenizer, tower
 
 
-def _apply_dtype(weights: Any, model: ModelSettings) -> tuple[Any, DtypeDecision, str]:
-    """The configured weight format; `auto` needs to know whether BLAS is optimized."""
+def _apply_dtype(weights: Any, model: ModelSettings) -> tuple[Any, DtypeDecision, dict[str, str]]:
+    """The configured weight format (`auto` needs to know whether BLAS is optimized), and
+    the BLAS for the load log."""
     from vllm_mlx.models.cpu import blas
     from vllm_mlx.models.dtype import apply_dtype
 
@@ -214,8 +215,9 @@ def _apply_dtype(weights: Any, model: ModelSettings) -> tuple[Any, DtypeDecision
         weights, model.dtype, blas_optimized=optimized, int8_activations=model.int8_activations
     )
     if choice is None:
-        return weights, decision, "not chosen"
-    return weights, decision, f"{choice.name} ({choice.core})" if choice.core else choice.name
+        return weights, decision, {"blas": "not chosen"}
+    name = f"{choice.name} ({choice.core})" if choice.core else choice.name
+    return weights, decision, {"blas": name, "blas_reason": choice.reason}
 
 
 def describe_models(settings: Settings, resolve: bool = False) -> list[dict[str, Any]]:
