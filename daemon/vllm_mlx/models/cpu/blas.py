@@ -114,14 +114,17 @@ def check_library(mode: str, platform: str | None = None) -> None:
         raise ValueError(f"{file} {what} (use auto, bundled, or a shared library's path)")
     # In a process of its own: loading it here would fix OpenBLAS's kernel choice before
     # `configure` can steer it (models/cpu/openblas_core.py).
-    done = subprocess.run(
-        [sys.executable, "-S", "-c", _CHECK, str(file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", _CHECK, str(file)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(f"cannot load {file} as a shared library: {exc}") from exc
     if done.returncode == _NOT_CBLAS:
         raise ValueError(f"{file} is not a CBLAS library (it has no cblas_sgemm)")
     if done.returncode != 0:
