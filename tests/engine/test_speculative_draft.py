@@ -72,7 +72,9 @@ def reference(engine: Engine) -> list[Any]:
     return reference_outputs(engine)
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16])
+# Alone and in a full batch: a batch of 4 added 40-50 s of CI on a 2-core Xeon and no
+# path that 16 rows do not take (uneven rewinds, rows moved right).
+@pytest.mark.parametrize("batch", [1, 16])
 def test_greedy_output_is_identical_alone_and_in_a_batch(
     drafting: Engine, reference: list[Any], batch: int
 ) -> None:
