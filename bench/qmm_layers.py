@@ -2,6 +2,7 @@
 
     python bench/qmm_layers.py                          # threads 1 vs 2, every ISA
     python bench/qmm_layers.py --baseline /tmp/old.so   # also an older build of _qmm
+    python bench/qmm_layers.py --bits 4 --int8          # the layers at 4 bits, int8 too
 
 One "step" evaluates every quantized layer of the model (211 for SmolLM2-135M) on `rows`
 random activation rows in one MLX graph, as a decode step does. Each variant runs in a
@@ -26,7 +27,8 @@ from bench.machine import load_average
 from bench.peers import model_directory
 
 # Run in a fresh interpreter: argv = model_dir, cache, rows, steps, threads, isa, so,
-# parallel_min (-1: the build's default), int8 ("1": int8 activations).
+# parallel_min (-1: the build's default), int8 ("1": int8 activations), bits (0: as stored;
+# 4 or 8: every layer requantized so, group size kept, as a model quantized so would be).
 STEP_CODE = """
 import importlib.util, json, sys, time
 from pathlib import Path
@@ -55,6 +57,13 @@ kinds = (qmm.KernelQuantizedLinear, qmm.KernelQuantizedEmbedding)
 layers = [m for _, m in model.named_modules() if isinstance(m, kinds)]
 for m in layers:
     m.int8_activations = sys.argv[9] == "1"
+    if int(sys.argv[10]) not in (0, m.bits):
+        w = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits)
+        wq, s, b = mx.quantize(w, group_size=m.group_size, bits=int(sys.argv[10]))
+        dtype = m["scales"].dtype
+        m["weight"], m["scales"], m["biases"] = wq, s.astype(dtype), b.astype(dtype)
+        m.bits = int(sys.argv[10])
+        mx.eval(m.parameters())
 xs = [mx.random.normal((rows, m["weight"].shape[1] * 32 // m.bits)) for m in layers]
 mx.eval(xs)
 def step():
@@ -84,11 +93,12 @@ class Variant:
         return f"{build}, {self.threads} threads{split}{', int8' if self.int8 else ''}"
 
 
-def run_variant(model_dir: Path, rows: int, steps: int, v: Variant) -> dict[str, Any]:
+def run_variant(model_dir: Path, rows: int, steps: int, v: Variant, bits: int) -> dict[str, Any]:
     cache = Path(os.environ.get("VLLM_MLX_BENCH_CACHE", "/tmp/vllm-mlx-bench-cache"))
     args = [str(model_dir), str(cache), str(rows), str(steps), str(v.threads), v.isa, v.so]
     out = subprocess.run(
-        [sys.executable, "-c", STEP_CODE, *args, str(v.parallel_min), "1" if v.int8 else "0"],
+        [sys.executable, "-c", STEP_CODE, *args, str(v.parallel_min), "1" if v.int8 else "0",
+         str(bits)],
         capture_output=True, text=True, check=True, timeout=900,
     )  # fmt: skip
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -116,17 +126,20 @@ def main() -> int:
                         help="split thresholds to try at 2 threads")  # fmt: skip
     parser.add_argument("--baseline", default="", help="an older _qmm .so to compare")
     parser.add_argument("--int8", action="store_true", help="also with int8 activations")
+    parser.add_argument("--bits", type=int, choices=[0, 4, 8], default=0,
+                        help="requantize every layer to these bits (0: as stored)")  # fmt: skip
     args = parser.parse_args()
     model_dir = model_directory()
     chosen = variants(args)
-    print(f"load average at start: {load_average()}\n")
+    print(f"load average at start: {load_average()}")
+    print(f"weights: {f'requantized to {args.bits} bits' if args.bits else 'as stored'}\n")
     print("| rows | variant | isa | wall ms/step | CPU ms/step |")
     print("| ---: | --- | --- | ---: | ---: |")
     for rows in args.rows:
         totals = {v: [0.0, 0.0] for v in chosen}
         for r in range(args.rounds):
             for v in chosen if r % 2 == 0 else chosen[::-1]:
-                res = run_variant(model_dir, rows, args.steps, v)
+                res = run_variant(model_dir, rows, args.steps, v, args.bits)
                 totals[v][0] += res["wall_ms"] / args.rounds
                 totals[v][1] += res["cpu_ms"] / args.rounds
                 print(f"| {rows} | {v.label()} | {res['isa']} | {res['wall_ms']:.1f} "

@@ -157,13 +157,14 @@ def test_apply_dtype_on_this_machine_reports_its_choice() -> None:
 
 def test_int8_activations_apply_on_the_kernel_path_where_granted() -> None:
     kernel = dtype.DtypeDecision("auto", "quantized", "kernel", kernel=True)
-    assert dtype.with_int8(kernel, False, True) == kernel
-    on = dtype.with_int8(kernel, True, True)
-    assert on.int8 and on.path == "quantized+kernel+int8" and "int8 activations" in on.reason
-    off = dtype.with_int8(kernel, True, False)
-    assert not off.int8 and off.path == "quantized+kernel" and "AVX-512 VNNI" in off.reason
+    assert dtype.with_int8(kernel, False, "avx2") == kernel
+    on = dtype.with_int8(kernel, True, "avx2")
+    assert on.int8 and on.path == "quantized+kernel+int8"
+    assert "int8 activations (avx2 tiles)" in on.reason
+    off = dtype.with_int8(kernel, True, None)
+    assert not off.int8 and off.path == "quantized+kernel" and "lacks AVX2" in off.reason
     floats = dtype.DtypeDecision("auto", "float32", "BLAS")
-    ignored = dtype.with_int8(floats, True, True)
+    ignored = dtype.with_int8(floats, True, "vnni")
     assert (
         not ignored.int8 and ignored.path == "float32" and "only the CPU kernel" in ignored.reason
     )

@@ -276,16 +276,21 @@ def test_this_machine_gets_what_its_bits_grant(best: None) -> None:
 
 
 @x86_64_only
-def test_int8_is_available_where_granted_and_the_set_is_avx512(best: None) -> None:
+def test_the_int8_tiles_follow_the_set_in_use(best: None) -> None:
+    """VNNI where granted and the set is avx512; AVX2's under avx2 (or avx512 without
+    VNNI); none under scalar."""
     assert EXT is not None
     bits = EXT.cpu_bits()
     leaf1, leaf7, xcr0 = bits
     granted_here = granted_int8(leaf1, leaf7, EXT.cpu_leaf7_ecx(), xcr0)
     EXT.set_isa("best")
-    assert EXT.int8_available() == (granted_here and EXT.isa() == "avx512")
+    if EXT.isa() == "avx512":
+        assert EXT.int8_tiles() == ("vnni" if granted_here else "avx2")
     if granted(*bits) != "scalar":
-        EXT.set_isa("avx2")  # a forced lower set takes the exact tiles
-        assert not EXT.int8_available()
+        EXT.set_isa("avx2")
+        assert EXT.int8_tiles() == "avx2" and EXT.int8_available()
+    EXT.set_isa("scalar")
+    assert EXT.int8_tiles() == "none" and not EXT.int8_available()
 
 
 @x86_64_only

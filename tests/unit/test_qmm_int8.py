@@ -1,10 +1,12 @@
-"""The kernel's opt-in int8 activations (`int8_activations`, kernels/qmm_vnni.cpp).
+"""The kernel's opt-in int8 activations (`int8_activations`, kernels/qmm_int8.h).
 
-x is rounded to int8 per 32 values and multiplied with AVX-512 VNNI. The product is not
-MLX's bit for bit, so these tests bound its error against mx.quantized_matmul, check that
-it really is the int8 path (it differs from the exact one), that a row gets the same bits
-alone or in a batch (what greedy decoding and seeded sampling rely on), and that where the
-CPU or the chosen set lacks VNNI the flag changes nothing.
+x is rounded to int8 per 32 values and multiplied with AVX-512 VNNI (qmm_vnni.cpp) or
+AVX2 (qmm_int8_avx2.cpp), each test once per set of tiles this CPU runs. The product is
+not MLX's bit for bit, so these tests bound its error against mx.quantized_matmul, check
+that it really is the int8 path (it differs from the exact one), that a row gets the same
+bits alone or in a batch (what greedy decoding and seeded sampling rely on), that both
+sets round alike, and that where the chosen set has no int8 tiles the flag changes
+nothing.
 """
 
 from __future__ import annotations
@@ -18,9 +20,33 @@ import pytest
 from vllm_mlx.models.cpu import qmm
 
 BUILT = qmm.status().available
-INT8 = BUILT and bool(qmm.extension().int8_available())
 needs_kernel = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")
-needs_int8 = pytest.mark.skipif(not INT8, reason="this CPU does not grant AVX-512 VNNI")
+
+
+def int8_tile_sets() -> dict[str, str]:
+    """The int8 tiles this CPU runs ("vnni", "avx2"), each with the set that takes them."""
+    if not BUILT:
+        return {}
+    ext = qmm.extension()
+    found: dict[str, str] = {}
+    for isa in ("avx512", "avx2"):
+        try:
+            ext.set_isa(isa)
+        except ValueError:
+            continue
+        found.setdefault(ext.int8_tiles(), isa)
+    ext.set_isa("best")
+    found.pop("none", None)
+    return found
+
+
+TILE_SETS = int8_tile_sets()
+INT8 = bool(TILE_SETS)
+needs_int8 = pytest.mark.skipif(not INT8, reason="this CPU has no int8 tiles (no AVX2)")
+# Every test below runs once per set of int8 tiles here; none: skipped, with the reason.
+each_tile_set = pytest.mark.parametrize(
+    "tiles", sorted(TILE_SETS) or [pytest.param("none", marks=needs_int8)]
+)
 # Rounding activations to 8 bits per 32 values: ~0.55% relative error on random layers.
 TOLERANCE = 1e-2
 
@@ -39,6 +65,13 @@ def defaults() -> Iterator[None]:
         qmm.set_threads(2)
 
 
+def use(tiles: str) -> None:
+    """Take `tiles` ("vnni", "avx2") for int8 products from here on."""
+    ext = qmm.extension()
+    ext.set_isa(TILE_SETS[tiles])
+    assert ext.int8_tiles() == tiles
+
+
 def quantized(n: int, k: int, bits: int, group_size: int, scale_dtype: mx.Dtype, seed: int = 1):
     w = mx.random.normal((n, k), key=mx.random.key(seed))
     wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
@@ -55,16 +88,17 @@ def products(x: mx.array, layer: tuple[mx.array, ...], group_size: int, bits: in
     return got.astype(mx.float32), exact.astype(mx.float32), want
 
 
-@needs_int8
+@each_tile_set
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_close_to_mlx_and_not_the_exact_path(
-    bits: int, group_size: int, scale_dtype: mx.Dtype, n_threads: int, defaults: None
+    bits: int, group_size: int, scale_dtype: mx.Dtype, n_threads: int, tiles: str, defaults: None
 ) -> None:
     """K not a multiple of a chunk (576 = 4.5 chunks of 128 4-bit weights; 320 at 8 bits
-    ends in half a chunk) reads no byte past a row; odd N and M take every tile."""
+    is 5 chunks, 384 at 4 bits 3) reads no byte past a row; odd N and M take every tile."""
+    use(tiles)
     qmm.set_threads(n_threads)
     qmm.extension().set_parallel_min(0)
     for m, n, k in [(1, 40, 576), (3, 37, 384), (6, 64, 1536), (17, 33, 320)]:
@@ -84,15 +118,17 @@ def rounded_like_the_kernel(x: mx.array) -> mx.array:
     return (mx.round(blocks / mx.where(step > 0, step, 1)) * step).reshape(x.shape)
 
 
-@needs_int8
+@each_tile_set
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_product_is_the_rounded_activations_times_the_weights(
-    bits: int, group_size: int, defaults: None
+    bits: int, group_size: int, tiles: str, defaults: None
 ) -> None:
     """Exactly (to float summation order) MLX's product of the rounded activations, the
     bias term included: with x's own sums there the error was 2.7x larger (the weights'
-    offsets b do not cancel the rounding errors then)."""
+    offsets b do not cancel the rounding errors then). The AVX2 tiles' 8-bit weights,
+    multiplied as q - 128 with 128 s moved into the bias term, are exact too."""
+    use(tiles)
     layer = quantized(48, 768, bits, group_size, mx.float16)
     x = mx.random.normal((3, 768), key=mx.random.key(7))
     got, _, _ = products(x, layer, group_size, bits)
@@ -100,9 +136,12 @@ def test_the_product_is_the_rounded_activations_times_the_weights(
     assert rel_error(got, want) < 1e-5
 
 
-@needs_int8
+@each_tile_set
 @pytest.mark.parametrize("bits", [4, 8])
-def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, defaults: None) -> None:
+def test_a_row_gets_the_same_bits_alone_or_in_a_batch(
+    bits: int, tiles: str, defaults: None
+) -> None:
+    use(tiles)
     layer = quantized(72, 576, bits, 32, mx.float16)
     x = mx.random.normal((11, 576), key=mx.random.key(3))
     batch, _, _ = products(x, layer, 32, bits)
@@ -113,10 +152,11 @@ def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, defaults: None)
             assert mx.array_equal(alone, batch[i : i + 1]).item(), (threads, i)
 
 
-@needs_int8
-def test_each_block_of_32_has_its_own_scale(defaults: None) -> None:
+@each_tile_set
+def test_each_block_of_32_has_its_own_scale(tiles: str, defaults: None) -> None:
     """An outlier in one block of 32 activations costs precision in that block only:
     with one scale for the row, 1e4 beside values of ~1 would round those to 0."""
+    use(tiles)
     layer = quantized(16, 256, 4, 32, mx.float16)
     x = mx.random.normal((1, 256), key=mx.random.key(4))
     spiked = mx.concatenate([mx.full((1, 1), 1e4), x[:, 1:]], axis=1)
@@ -132,8 +172,9 @@ def test_each_block_of_32_has_its_own_scale(defaults: None) -> None:
     assert rel_error(got, want) < TOLERANCE
 
 
-@needs_int8
-def test_zero_and_non_finite_inputs_do_not_crash(defaults: None) -> None:
+@each_tile_set
+def test_zero_and_non_finite_inputs_do_not_crash(tiles: str, defaults: None) -> None:
+    use(tiles)
     layer = quantized(8, 128, 4, 32, mx.float16)
     zeros, _, want = products(mx.zeros((2, 128)), layer, 32, 4)
     assert mx.array_equal(zeros, want).item() and not mx.any(want).item()  # x = 0: y = 0
@@ -144,15 +185,27 @@ def test_zero_and_non_finite_inputs_do_not_crash(defaults: None) -> None:
     assert got.shape == (3, 8)  # garbage in, garbage out, but no crash or hang
 
 
+@pytest.mark.skipif(
+    "vnni" not in TILE_SETS or "avx2" not in TILE_SETS, reason="needs AVX-512 VNNI and AVX2"
+)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_both_sets_round_alike(bits: int, defaults: None) -> None:
+    """The same int8 activations and lanes, only the float sums' order differs."""
+    layer = quantized(40, 576, bits, 64, mx.bfloat16)
+    x = mx.random.normal((5, 576), key=mx.random.key(8))
+    got = {}
+    for tiles in ("vnni", "avx2"):
+        use(tiles)
+        got[tiles], _, _ = products(x, layer, 64, bits)
+    assert rel_error(got["avx2"], got["vnni"]) < 1e-6
+
+
 @needs_kernel
-def test_without_vnni_the_flag_changes_nothing(defaults: None) -> None:
-    """A forced lower set (as on a CPU without VNNI) takes the exact tiles bit for bit."""
+def test_without_int8_tiles_the_flag_changes_nothing(defaults: None) -> None:
+    """The scalar set (as on a CPU without AVX2) takes the exact tiles bit for bit."""
     ext = qmm.extension()
-    try:
-        ext.set_isa("avx2")
-    except ValueError:
-        ext.set_isa("scalar")
-    assert not ext.int8_available()
+    ext.set_isa("scalar")
+    assert not ext.int8_available() and ext.int8_tiles() == "none"
     layer = quantized(24, 256, 4, 32, mx.float16)
     x = mx.random.normal((3, 256), key=mx.random.key(6))
     got, exact, _ = products(x, layer, 32, 4)

@@ -133,11 +133,12 @@ class ModelSettings(Section):
         False,
         Reload.MODEL,
         "CPU kernel only: round each layer's input to int8 per 32 values (as llama.cpp's "
-        "Q8 activations) and multiply with AVX-512 VNNI: faster single-stream decoding "
-        "(1.5x on the bundled model, Zen 4). Outputs differ slightly from the exact path "
-        "(~0.5% relative error per product; 96% of next-token choices agree), so greedy "
+        "Q8 activations) and multiply bytes (AVX-512 VNNI, else AVX2): faster "
+        "single-stream decoding (1.5x on the bundled model, Zen 4; the matmuls 1.7x for 4-bit "
+        "weights on AVX2, Zen 3). Outputs differ slightly from the exact path (~0.5% relative "
+        "error per product; 96% of next-token choices agree), so greedy "
         "text can differ; a request still gets the same output alone or batched. Ignored, "
-        "with the reason in `vllm-mlx models`, where the CPU lacks AVX-512 VNNI, on a GPU, "
+        "with the reason in `vllm-mlx models`, where the CPU lacks AVX2 (arm64), on a GPU, "
         "or off the kernel path. See docs/benchmarks.md.",
         strict=True,
     )

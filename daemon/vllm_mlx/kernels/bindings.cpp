@@ -22,7 +22,7 @@ NB_MODULE(_qmm, m) {
       "biases"_a, "group_size"_a, "bits"_a, "max_rows"_a = 32, nb::kw_only(),
       "int8"_a = false, "stream"_a = nb::none(),
       "x @ dequantize(w, scales, biases).T on the CPU; rows beyond max_rows use BLAS. "
-      "int8: int8 activations (VNNI) where int8_available().");
+      "int8: int8 activations where int8_available().");
   m.def(
       "quantized_matmul_many", &vllm_mlx_kernels::quantized_matmul_many, "x"_a, "ws"_a,
       "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "max_rows"_a = 32, nb::kw_only(),
@@ -63,9 +63,11 @@ NB_MODULE(_qmm, m) {
         "The x86-64 set a CPU with these CPUID.1:ECX, CPUID.7.0:EBX and XCR0 bits grants.");
   m.def("granted_int8", &vllm_mlx_kernels::granted_int8, "leaf1_ecx"_a, "leaf7_ebx"_a,
         "leaf7_ecx"_a, "xcr0"_a,
-        "Whether a CPU with these bits grants the int8 (AVX-512 VNNI) tiles.");
+        "Whether a CPU with these bits grants the VNNI int8 (AVX-512 VNNI) tiles.");
+  m.def("int8_tiles", &vllm_mlx_kernels::int8_tiles,
+        "The int8 tiles int8=True takes here: vnni, avx2 or none (by the set in use).");
   m.def("int8_available", &vllm_mlx_kernels::int8_available,
-        "Whether int8=True takes the int8 tiles here (granted, and the set in use is avx512).");
+        "Whether int8=True takes int8 tiles here (int8_tiles() is not none).");
   m.def(
       "cpu_bits",
       [] {

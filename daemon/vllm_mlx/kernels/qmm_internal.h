@@ -21,7 +21,7 @@ struct Prepared {
   std::vector<float> sums;
 };
 
-// The activations of the int8 tiles (qmm_vnni.cpp): x rounded to int8 per 32 values
+// The activations of the int8 tiles (qmm_int8.h): x rounded to int8 per 32 values
 // (scale max|x| / 127), laid out chunk by chunk as a chunk of 64 weight bytes pairs with
 // it, with each vpdpbusd lane's activation scale, and the rounded activations' sum over
 // each weight group (for the bias term).
@@ -69,9 +69,11 @@ void rows_avx2(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
 void rows_avx512(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
 void rows_neon(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end);
 
-// The int8 tiles (x86-64 only) and their activations.
-void prepare_int8(const QmmProblem& p, PreparedInt8& out);
-void rows_int8(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end);
+// The int8 tiles (x86-64 only, qmm_int8.h) and their activations: AVX-512 VNNI, AVX2.
+void prepare_int8_vnni(const QmmProblem& p, PreparedInt8& out);
+void rows_int8_vnni(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end);
+void prepare_int8_avx2(const QmmProblem& p, PreparedInt8& out);
+void rows_int8_avx2(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end);
 
 // The row loop of the instruction sets with 4-row tiles (AVX2, NEON): one activation row
 // takes 4 output rows at a time; several take one output row and up to 4 activation rows.

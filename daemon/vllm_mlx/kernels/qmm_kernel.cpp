@@ -260,12 +260,32 @@ bool granted_int8(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint32_t leaf7_ecx, ui
       (leaf7_ebx & need_ebx) == need_ebx && (leaf7_ecx & kAvx512Vnni) != 0;
 }
 
-bool int8_available() {
+namespace {
+
+enum class Int8Tiles { none, avx2, vnni };
+
+Int8Tiles int8_tiles_for(Isa isa) {
 #if defined(__x86_64__)
-  return g_isa.load() == Isa::avx512 && int8_granted_here();
+  if (isa == Isa::avx512 && int8_granted_here()) {
+    return Int8Tiles::vnni;
+  }
+  // Every AVX-512 CPU has AVX2 (granted_isa requires it first).
+  return isa == Isa::avx2 || isa == Isa::avx512 ? Int8Tiles::avx2 : Int8Tiles::none;
 #else
-  return false;
+  (void)isa;
+  return Int8Tiles::none;
 #endif
+}
+
+} // namespace
+
+const char* int8_tiles() {
+  constexpr const char* names[] = {"none", "avx2", "vnni"};
+  return names[static_cast<int>(int8_tiles_for(g_isa.load()))];
+}
+
+bool int8_available() {
+  return int8_tiles_for(g_isa.load()) != Int8Tiles::none;
 }
 
 CpuBits cpu_bits() {
@@ -404,12 +424,14 @@ void qmm_many(const QmmProblem* problems, int count) {
   // naming a thread_local inside the lambda would name the worker's own (empty) copy.
   const Isa isa = g_isa; // one instruction set for the whole call (x's layout is per set)
 #if defined(__x86_64__)
-  if (first.int8 && isa == Isa::avx512 && int8_granted_here()) {
+  const Int8Tiles int8 = first.int8 ? int8_tiles_for(isa) : Int8Tiles::none;
+  if (int8 != Int8Tiles::none) {
     thread_local PreparedInt8 prepared;
-    prepare_int8(first, prepared);
+    const bool vnni = int8 == Int8Tiles::vnni;
+    (vnni ? prepare_int8_vnni : prepare_int8_avx2)(first, prepared);
     const PreparedInt8& xp = prepared;
     split_rows(problems, count, [&](const QmmProblem& p, int n0, int n1) {
-      rows_int8(p, xp, n0, n1);
+      (vnni ? rows_int8_vnni : rows_int8_avx2)(p, xp, n0, n1);
     });
     return;
   }

@@ -22,8 +22,8 @@ struct QmmProblem {
   int group_size; // 32, 64 or 128
   int bits; // 4 or 8
   ScaleType scale_type;
-  // Quantize x to int8 per 32 values and use the VNNI tiles (qmm_vnni.cpp) where the CPU
-  // grants them (int8_available()); otherwise the exact tiles. Opt-in: changes the product.
+  // Quantize x to int8 per 32 values and use the int8 tiles (qmm_int8.h: int8_tiles())
+  // where there are any; otherwise the exact tiles. Opt-in: changes the product.
   bool int8 = false;
 };
 
@@ -64,12 +64,15 @@ void set_isa(const std::string& name);
 // x86-64 the default isa() is granted_isa() of cpu_bits().
 const char* granted_isa(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint64_t xcr0);
 
-// Whether a CPU with these bits grants the int8 tiles: the AVX-512 set plus AVX512BW,
+// Whether a CPU with these bits grants the VNNI int8 tiles: the AVX-512 set plus AVX512BW,
 // AVX512VL (CPUID.7.0:EBX) and AVX512_VNNI (CPUID.7.0:ECX). Pure, as granted_isa.
 bool granted_int8(uint32_t leaf1_ecx, uint32_t leaf7_ebx, uint32_t leaf7_ecx, uint64_t xcr0);
 
-// Whether p.int8 takes the int8 tiles here: granted, and the set in use is avx512.
-bool int8_available();
+// Which int8 tiles p.int8 takes here: "vnni" (the set in use is avx512 and the CPU grants
+// VNNI), "avx2" (the set in use is avx2, or avx512 without VNNI) or "none" (scalar, NEON:
+// the flag changes nothing).
+const char* int8_tiles();
+bool int8_available(); // int8_tiles() is not "none"
 
 // This machine's bits, as granted_isa and granted_int8 take them (all 0 off x86-64).
 struct CpuBits {

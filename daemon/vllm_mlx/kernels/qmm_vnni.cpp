@@ -17,13 +17,10 @@
 // one 32-value activation block and one weight group: each lane's sum is scaled once by
 // its own s * dx. Every output is the same sequence of operations whatever the tile, so a
 // row gets the same bits alone or in a batch.
-#include "qmm_internal.h"
+#include "qmm_int8.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-
-#include <algorithm>
-#include <cmath>
 
 namespace vllm_mlx_kernels {
 
@@ -31,20 +28,11 @@ namespace {
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-// Output rows per decode tile: 8 independent chains (against 1 and 2, and software
-// prefetching of the next tile: no better beyond noise on Zen 4; docs/benchmarks.md).
-constexpr int kDecodeRows = 8;
-
-// The weight offset (within its chunk) of lane L's first weight.
-constexpr int lane_offset(int bits, int lane) {
-  return bits == 4 ? 8 * lane : 4 * lane;
-}
-
 // Lane L's weight group relative to the chunk's first, for this group size.
 VNNI inline __m512i group_index(int bits, int group_size) {
   alignas(64) int idx[16];
   for (int lane = 0; lane < 16; ++lane) {
-    idx[lane] = lane_offset(bits, lane) / group_size;
+    idx[lane] = int8_lane_offset(bits, lane) / group_size;
   }
   return _mm512_load_si512(idx);
 }
@@ -147,48 +135,15 @@ VNNI void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
   }
 }
 
-// One activation row: 8 output rows a tile (8 independent chains). Several: 4 activation
-// rows x 4 output rows, the unpacked weights shared by the 4 (16 rows of the bundled
-// model: 50.4-51.1 ms a step against 53.3-53.4 with 4 x 2, 55.5-56.1 with 8 x 2, 58.3
-// with 2 x 4, 61.5-61.8 with 8 x 1; bench/qmm_layers.py, one thread).
-template <int BITS, ScaleType ST>
-void rows_typed(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end) {
-  if (p.M == 1) {
-    int n = n_begin;
-    for (; n + kDecodeRows <= n_end; n += kDecodeRows) {
-      tile<BITS, ST, 1, kDecodeRows>(p, xp, 0, n);
-    }
-    for (; n < n_end; ++n) {
-      tile<BITS, ST, 1, 1>(p, xp, 0, n);
-    }
-    return;
+struct VnniTiles {
+  // 8 (against 1 and 2, and software prefetching of the next tile: no better beyond noise
+  // on Zen 4; docs/benchmarks.md).
+  static constexpr int kDecodeRows = 8;
+  template <int BITS, ScaleType ST, int MT, int NT>
+  static void run(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
+    tile<BITS, ST, MT, NT>(p, xp, m0, n0);
   }
-  int n = n_begin;
-  auto for_rows = [&]<int NT>(int at) {
-    int m = 0;
-    for (; m + 4 <= p.M; m += 4) {
-      tile<BITS, ST, 4, NT>(p, xp, m, at);
-    }
-    // The last 1-3 rows in one tile: the weights are read once more, not up to 3 times (15
-    // rows: 47.1-47.7 ms a step against 51.2-53.5 row by row).
-    switch (p.M - m) {
-      case 3: tile<BITS, ST, 3, NT>(p, xp, m, at); break;
-      case 2: tile<BITS, ST, 2, NT>(p, xp, m, at); break;
-      case 1: tile<BITS, ST, 1, NT>(p, xp, m, at); break;
-      default: break;
-    }
-  };
-  for (; n + 4 <= n_end; n += 4) {
-    for_rows.template operator()<4>(n);
-  }
-  for (; n < n_end; ++n) {
-    for_rows.template operator()<1>(n);
-  }
-}
-
-} // namespace
-
-namespace {
+};
 
 // 16 activations times 127 / max|x|, rounded to nearest even, clamped to [-127, 127].
 VNNI inline __m128i round16(__m512 v, __m512 inv) {
@@ -199,7 +154,7 @@ VNNI inline __m128i round16(__m512 v, __m512 inv) {
 
 // One block of 32 activations to int8 (scale max|x| / 127); its scale is returned. A NaN
 // or an infinity gives garbage values, clamped, never a fault.
-VNNI inline float quantize_block(const float* src, int8_t* out) {
+VNNI float quantize_block(const float* src, int8_t* out) {
   __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
@@ -208,83 +163,14 @@ VNNI inline float quantize_block(const float* src, int8_t* out) {
   return amax / 127.0f;
 }
 
-// A 4-bit chunk's activations: the 64 even-indexed of 128 values, then the 64 odd ones
-// (what the low and high nibbles of 64 weight bytes multiply).
-VNNI inline void split_even_odd(const int8_t* src, int8_t* dst) {
-  for (int half = 0; half < 2; ++half) {
-    __m512i v = _mm512_loadu_si512(src + 64 * half);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * half), _mm512_cvtepi16_epi8(v));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64 + 32 * half),
-                        _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8)));
-  }
-}
-
 } // namespace
 
-VNNI void prepare_int8(const QmmProblem& p, PreparedInt8& out) {
-  const int per_chunk = p.bits == 4 ? 128 : 64;
-  const int groups = p.K / p.group_size;
-  const int blocks = p.K / 32; // K is a multiple of the group size, so of 32
-  out.chunks = (p.K + per_chunk - 1) / per_chunk;
-  out.chunk_bytes = p.bits == 4 ? 128 : 64;
-  const size_t row_q = static_cast<size_t>(out.chunks) * out.chunk_bytes;
-  out.q.resize(static_cast<size_t>(p.M) * row_q);
-  out.dx.resize(static_cast<size_t>(p.M) * out.chunks * 16);
-  out.sums.resize(static_cast<size_t>(p.M) * groups);
-  // Whole chunks: a row's last one is padded with zeros past K, which multiply as 0.
-  std::vector<int8_t> xq(static_cast<size_t>(out.chunks) * per_chunk);
-  std::vector<float> block_scale(blocks);
-  for (int m = 0; m < p.M; ++m) {
-    const float* src = p.x + static_cast<size_t>(m) * p.K;
-    std::fill(xq.begin() + p.K, xq.end(), 0);
-    for (int b = 0; b < blocks; ++b) {
-      block_scale[b] = quantize_block(src + 32 * b, xq.data() + 32 * b);
-    }
-    int8_t* q = out.q.data() + static_cast<size_t>(m) * row_q;
-    float* dx = out.dx.data() + static_cast<size_t>(m) * out.chunks * 16;
-    for (int c = 0; c < out.chunks; ++c) {
-      const int k0 = c * per_chunk;
-      if (p.bits == 4) {
-        split_even_odd(xq.data() + k0, q + c * 128);
-      } else {
-        std::memcpy(q + c * 64, xq.data() + k0, 64);
-      }
-      for (int lane = 0; lane < 16; ++lane) {
-        const int k = k0 + lane_offset(p.bits, lane);
-        dx[c * 16 + lane] = k < p.K ? block_scale[k / 32] : 0.0f;
-      }
-    }
-    // The bias term's sums are of the rounded activations, not of x: then the product's
-    // error is sum_k w_k e_k over the rounding errors e_k, and affine weights are about
-    // centred; with x's own sums it would be sum_k s q_k e_k, q_k of mean ~7.5 (4 bits),
-    // ~2.7x larger (measured: 1.4% against 0.53% relative error on random layers).
-    for (int g = 0; g < groups; ++g) {
-      float sum = 0.0f;
-      for (int b = g * p.group_size / 32; b < (g + 1) * p.group_size / 32; ++b) {
-        int block = 0;
-        for (int t = 0; t < 32; ++t) {
-          block += xq[32 * b + t];
-        }
-        sum += block_scale[b] * static_cast<float>(block);
-      }
-      out.sums[static_cast<size_t>(m) * groups + g] = sum;
-    }
-  }
+void prepare_int8_vnni(const QmmProblem& p, PreparedInt8& out) {
+  prepare_int8_with(p, out, quantize_block);
 }
 
-void rows_int8(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end) {
-  auto typed = [&]<int BITS>() {
-    switch (p.scale_type) {
-      case ScaleType::f32: rows_typed<BITS, ScaleType::f32>(p, xp, n_begin, n_end); break;
-      case ScaleType::f16: rows_typed<BITS, ScaleType::f16>(p, xp, n_begin, n_end); break;
-      case ScaleType::bf16: rows_typed<BITS, ScaleType::bf16>(p, xp, n_begin, n_end); break;
-    }
-  };
-  if (p.bits == 4) {
-    typed.template operator()<4>();
-  } else {
-    typed.template operator()<8>();
-  }
+void rows_int8_vnni(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end) {
+  rows_int8_with<VnniTiles>(p, xp, n_begin, n_end);
 }
 
 } // namespace vllm_mlx_kernels

@@ -62,21 +62,25 @@ class DtypeDecision:
         return self.chosen
 
 
-def with_int8(decision: DtypeDecision, requested: bool, granted: bool) -> DtypeDecision:
-    """The decision with `int8_activations` applied, or the reason it is not."""
+def with_int8(decision: DtypeDecision, requested: bool, tiles: str | None) -> DtypeDecision:
+    """The decision with `int8_activations` applied, or the reason it is not; `tiles`: the
+    int8 tiles the kernel takes here ("vnni", "avx2"), None where it has none."""
     if not requested:
         return decision
-    if decision.kernel and granted:
-        return replace(decision, int8=True, reason=f"{decision.reason}; int8 activations")
-    why = "the CPU lacks AVX-512 VNNI" if decision.kernel else "only the CPU kernel has them"
+    if decision.kernel and tiles:
+        reason = f"{decision.reason}; int8 activations ({tiles} tiles)"
+        return replace(decision, int8=True, reason=reason)
+    why = "the CPU lacks AVX2" if decision.kernel else "only the CPU kernel has them"
     return replace(decision, reason=f"{decision.reason}; int8_activations ignored: {why}")
 
 
-def int8_granted() -> bool:
-    """Whether the built kernel takes int8 activations on this CPU."""
+def int8_tiles() -> str | None:
+    """The int8 tiles the built kernel takes on this CPU ("vnni", "avx2"), or None."""
     from vllm_mlx.models.cpu import qmm
 
-    return qmm.status().available and bool(qmm.extension().int8_available())
+    if not qmm.status().available or not qmm.extension().int8_available():
+        return None
+    return str(qmm.extension().int8_tiles())
 
 
 def backend() -> str:
@@ -195,7 +199,7 @@ def apply_dtype(
         available_bytes=psutil.virtual_memory().available,
         kernel=qmm.status() if device == "cpu" else None,
     )
-    decision = with_int8(decision, int8_activations, decision.kernel and int8_granted())
+    decision = with_int8(decision, int8_activations, int8_tiles() if decision.kernel else None)
     model = convert(model, decision.chosen)
     if decision.kernel:
         qmm.swap_layers(model, blas_optimized=blas_optimized, int8_activations=decision.int8)

@@ -20,7 +20,7 @@ from vllm_mlx.models.dtype import (
     WeightInfo,
     backend,
     decide,
-    int8_granted,
+    int8_tiles,
     with_int8,
 )
 
@@ -39,7 +39,8 @@ def planned(model: ModelSettings, directory: Path, *, blas_optimized: bool) -> D
         available_bytes=psutil.virtual_memory().available,
         kernel=status() if device == "cpu" else None,
     )
-    return with_int8(decision, model.int8_activations, decision.kernel and int8_granted())
+    tiles = int8_tiles() if decision.kernel else None
+    return with_int8(decision, model.int8_activations, tiles)
 
 
 def weight_info_from_files(directory: Path) -> WeightInfo:

@@ -190,7 +190,7 @@ def _compact(module: Any) -> None:
 def swap_layers(model: Any, *, blas_optimized: bool = True, int8_activations: bool = False) -> int:
     """Route every eligible layer through the kernel; returns how many were swapped.
     `int8_activations`: the layers ask for int8 activations (taken where the CPU grants
-    AVX-512 VNNI: `int8_available()`)."""
+    AVX2 or AVX-512 VNNI: `int8_available()`)."""
     global _max_rows
     _max_rows = MAX_ROWS if blas_optimized else NO_LIMIT
     swapped = 0
