@@ -155,7 +155,7 @@ def granted_int8(leaf1_ecx: int, leaf7_ebx: int, leaf7_ecx: int, xcr0: int) -> b
 
 
 def test_int8_tiles_need_avx512_with_bw_vl_and_vnni() -> None:
-    """The int8 tiles (qmm_vnni.cpp, `int8_activations`) are granted on top of the AVX-512
+    """The VNNI int8 tiles (qmm_vnni.cpp, `int8_activations`) are granted on top of the AVX-512
     set only, and each of BW, VL and VNNI is needed; zmm state in XCR0 as for AVX-512."""
     leaf1, leaf7, xcr0 = ZEN4
     assert granted_int8(leaf1, leaf7, ZEN4_LEAF7_ECX, xcr0)

@@ -21,7 +21,7 @@ KERNELS = ROOT / "daemon" / "vllm_mlx" / "kernels"
 SOURCES = [
     ROOT / "tests" / "native" / "qmm_selftest.cpp",
     *(KERNELS / name for name in ("qmm_kernel.cpp", "qmm_avx2.cpp", "qmm_avx512.cpp")),
-    KERNELS / "qmm_vnni.cpp",
+    *(KERNELS / name for name in ("qmm_vnni.cpp", "qmm_int8.cpp", "qmm_int8_avx2.cpp")),
     *(KERNELS / name for name in ("qmm_neon.cpp", "thread_pool.cpp")),
     # The activation and attention kernels use no MLX headers: built here too, so an arm64
     # build of the whole extension is known to compile (their numerics are tested on x86).

@@ -29,7 +29,10 @@ void prepare_int8_with(const QmmProblem& p, PreparedInt8& out, QuantizeBlock qua
   const size_t row_q = static_cast<size_t>(out.chunks) * out.chunk_bytes;
   out.q.resize(static_cast<size_t>(p.M) * row_q);
   out.dx.resize(static_cast<size_t>(p.M) * out.chunks * 16);
-  out.sums.resize(static_cast<size_t>(p.M) * groups);
+  // 16 zeros past the last row's sums: the tiles read them 8 or 16 at a time, and a read
+  // that fits in the array is one load (the AVX2 tiles otherwise build the last few
+  // through the stack, a store-forwarding stall in every tile of a one-row product).
+  out.sums.assign(static_cast<size_t>(p.M) * groups + 16, 0.0f);
   // Whole chunks: a row's last one is padded with zeros past K, which multiply as 0.
   // thread_local: ~200 calls a decode step, no allocation in each.
   thread_local std::vector<int8_t> xq;

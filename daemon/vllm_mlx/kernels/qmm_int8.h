@@ -27,10 +27,8 @@ void prepare_int8_with(const QmmProblem& p, PreparedInt8& out, QuantizeBlock qua
 
 // The row loop of both sets. One activation row: Tiles::kDecodeRows output rows a tile
 // (independent chains that hide the latency of the multiply-adds).
-// Several: 4 activation rows x 4 output rows, the unpacked weights shared by the 4 (16
-// rows of the bundled model on Zen 4: 50.4-51.1 ms a step against 53.3-53.4 with 4 x 2,
-// 55.5-56.1 with 8 x 2, 58.3 with 2 x 4, 61.5-61.8 with 8 x 1; bench/qmm_layers.py, one
-// thread); the last 1-3 rows in one tile, so the weights are read once more, not up to 3
+// Several: 4 activation rows x Tiles::kBatchOutputs output rows, the unpacked weights
+// shared by the 4; the last 1-3 rows in one tile, so the weights are read once more, not up to 3
 // times. `Tiles::run<BITS, ST, MT, NT>(p, xp, m0, n0)` computes one MT x NT tile; every
 // output must be the same sequence of operations whatever the tile (batch invariance).
 template <class Tiles, int BITS, ScaleType ST>
@@ -58,9 +56,10 @@ void rows_int8_tiles(const QmmProblem& p, const PreparedInt8& xp, int n_begin, i
       default: break;
     }
   };
+  constexpr int outputs = Tiles::kBatchOutputs;
   int n = n_begin;
-  for (; n + 4 <= n_end; n += 4) {
-    for_rows.template operator()<4>(n);
+  for (; n + outputs <= n_end; n += outputs) {
+    for_rows.template operator()<outputs>(n);
   }
   for (; n < n_end; ++n) {
     for_rows.template operator()<1>(n);
