@@ -45,7 +45,8 @@ def reference(engine: Engine) -> list[Any]:
 
 
 # Alone and in a full batch: a batch of 4 added 40-50 s of CI on a 2-core Xeon and no
-# path that 16 rows do not take (uneven rewinds, rows moved right).
+# path that 16 rows do not take (uneven rewinds, rows moved right). Alone, every other
+# prompt (each of the five kinds, five times): one at a time is the slow way through.
 @pytest.mark.parametrize("batch", [1, 16])
 def test_greedy_output_is_identical_alone_and_in_a_batch(
     speculative: Engine, reference: list[Any], batch: int, monkeypatch: pytest.MonkeyPatch
@@ -61,8 +62,9 @@ def test_greedy_output_is_identical_alone_and_in_a_batch(
     stats = speculative.scheduler.stats
     drafted, accepted = stats.drafted_tokens, stats.accepted_tokens
     drafts, by_position = stats.drafts, list(stats.accepted_per_position)
-    got = in_groups(speculative, greedy(speculative, PROMPTS), batch)
-    for text, want, have in zip(PROMPTS, reference, got, strict=True):
+    every = 1 if batch > 1 else 2
+    got = in_groups(speculative, greedy(speculative, PROMPTS[::every]), batch)
+    for text, want, have in zip(PROMPTS[::every], reference[::every], got, strict=True):
         assert have[:2] == want[:2], text
     # Not vacuous: proposals were made and many of them were right.
     made, right = stats.drafted_tokens - drafted, stats.accepted_tokens - accepted

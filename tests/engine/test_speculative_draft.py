@@ -1,7 +1,7 @@
 """Draft-model speculative decoding through the real engine: the bundled model drafting
 for itself (acceptance near 100%: the mechanism, not a speed-up) gives token for token
-the output without speculation over 50 prompts alone, 4 and 16 at a time, greedy and
-seeded sampled alike; a random tiny draft (acceptance near 0) changes nothing either,
+the output without speculation (greedy: 25 prompts alone, 50 16 at a time; seeded
+sampled: 8 alone and 4 at a time); a random tiny draft (acceptance near 0) changes nothing either,
 and its rows soon stop drafting; a draft with another tokenizer is refused at load."""
 
 from __future__ import annotations
@@ -73,20 +73,22 @@ def reference(engine: Engine) -> list[Any]:
 
 
 # Alone and in a full batch: a batch of 4 added 40-50 s of CI on a 2-core Xeon and no
-# path that 16 rows do not take (uneven rewinds, rows moved right).
+# path that 16 rows do not take (uneven rewinds, rows moved right). Alone, every other
+# prompt (each of the five kinds, five times): one at a time is the slow way through.
 @pytest.mark.parametrize("batch", [1, 16])
 def test_greedy_output_is_identical_alone_and_in_a_batch(
     drafting: Engine, reference: list[Any], batch: int
 ) -> None:
     stats = drafting.scheduler.stats
     drafted, accepted = stats.drafted_tokens, stats.accepted_tokens
-    got = in_groups(drafting, greedy(drafting, PROMPTS), batch)
-    for text, want, have in zip(PROMPTS, reference, got, strict=True):
+    every = 1 if batch > 1 else 2
+    got = in_groups(drafting, greedy(drafting, PROMPTS[::every]), batch)
+    for text, want, have in zip(PROMPTS[::every], reference[::every], got, strict=True):
         assert have[:2] == want[:2], text
     made, right = stats.drafted_tokens - drafted, stats.accepted_tokens - accepted
     # The model drafting for itself: nearly every proposal is right (a near tie can flip
     # where the draft reads several positions at once and the target one at a time).
-    assert made > 500 and right > 0.9 * made, (made, right)
+    assert made > 10 * len(got) and right > 0.9 * made, (made, right)
 
 
 def seeded(engine: Engine, count: int) -> list[GenerationRequest]:
