@@ -59,7 +59,8 @@ AVX2 inline __m256 load8(const void* base, size_t at, int count, size_t total) {
   if constexpr (ST == ScaleType::f32) {
     v = _mm256_loadu_ps(static_cast<const float*>(base) + at);
   } else {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + at));
+    const uint16_t* half_floats = static_cast<const uint16_t*>(base) + at;
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(half_floats));
     if constexpr (ST == ScaleType::f16) {
       v = _mm256_cvtph_ps(h);
     } else {
@@ -128,7 +129,8 @@ AVX2 void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
     if (g0 >= window_at + 8) { // chunks never straddle windows: 8 is a multiple of theirs
       window_at = g0;
       for (int j = 0; j < NT; ++j) {
-        window[j] = load8<ST>(p.scales, static_cast<size_t>(n0 + j) * groups + g0, groups - g0, total);
+        const size_t row = static_cast<size_t>(n0 + j) * groups;
+        window[j] = load8<ST>(p.scales, row + g0, groups - g0, total);
       }
     }
     // A row's last chunk may end inside or before its second half (4 bits, K = 576: 288
@@ -142,13 +144,13 @@ AVX2 void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
       __m256i xa[MT], xb[MT];
       __m256 dx[MT];
       for (int i = 0; i < MT; ++i) {
-        const int8_t* q =
-            xp.q.data() + (static_cast<size_t>(m0 + i) * xp.chunks + c) * xp.chunk_bytes + 32 * half;
+        const size_t chunk = static_cast<size_t>(m0 + i) * xp.chunks + c;
+        const int8_t* q = xp.q.data() + chunk * xp.chunk_bytes + 32 * half;
         xa[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
         if constexpr (BITS == 4) {
           xb[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64));
         }
-        dx[i] = _mm256_loadu_ps(xp.dx.data() + (static_cast<size_t>(m0 + i) * xp.chunks + c) * 16 + 8 * half);
+        dx[i] = _mm256_loadu_ps(xp.dx.data() + chunk * 16 + 8 * half);
       }
       for (int j = 0; j < NT; ++j) {
         const uint8_t* src = w[j] + at + 32 * half;
@@ -170,7 +172,8 @@ AVX2 void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
         for (int i = 0; i < MT; ++i) {
           __m256i pairs;
           if constexpr (BITS == 4) {
-            pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa[i]), _mm256_maddubs_epi16(hi, xb[i]));
+            pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa[i]),
+                                     _mm256_maddubs_epi16(hi, xb[i]));
           } else {
             pairs = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xa[i], lo));
           }
@@ -185,10 +188,12 @@ AVX2 void tile(const QmmProblem& p, const PreparedInt8& xp, int m0, int n0) {
   for (int g = 0; g < groups; g += 8) {
     const int count = groups - g;
     for (int j = 0; j < NT; ++j) {
-      const __m256 b = load_offsets<BITS, ST>(p, static_cast<size_t>(n0 + j) * groups + g, count, total);
+      const size_t row = static_cast<size_t>(n0 + j) * groups;
+      const __m256 b = load_offsets<BITS, ST>(p, row + g, count, total);
       for (int i = 0; i < MT; ++i) {
-        const size_t row = static_cast<size_t>(m0 + i) * groups;
-        acc[i][j] = _mm256_fmadd_ps(b, load8<ScaleType::f32>(xp.sums.data(), row + g, count, xp.sums.size()), acc[i][j]);
+        const size_t at = static_cast<size_t>(m0 + i) * groups + g;
+        const __m256 sums = load8<ScaleType::f32>(xp.sums.data(), at, count, xp.sums.size());
+        acc[i][j] = _mm256_fmadd_ps(b, sums, acc[i][j]);
       }
     }
   }
