@@ -46,7 +46,7 @@ def reference(engine: Engine) -> list[Any]:
 
 # Alone and in a full batch: a batch of 4 added 40-50 s of CI on a 2-core Xeon and no
 # path that 16 rows do not take (uneven rewinds, rows moved right). Alone, every other
-# prompt (each of the five kinds, five times): one at a time is the slow way through.
+# prompt (each of the five kinds, three or four times): one at a time is the slow way.
 @pytest.mark.parametrize("batch", [1, 16])
 def test_greedy_output_is_identical_alone_and_in_a_batch(
     speculative: Engine, reference: list[Any], batch: int, monkeypatch: pytest.MonkeyPatch

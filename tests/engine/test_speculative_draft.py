@@ -1,6 +1,6 @@
 """Draft-model speculative decoding through the real engine: the bundled model drafting
 for itself (acceptance near 100%: the mechanism, not a speed-up) gives token for token
-the output without speculation (greedy: 25 prompts alone, 50 16 at a time; seeded
+the output without speculation (greedy: 16 prompts alone, 32 16 at a time; seeded
 sampled: 8 alone and 4 at a time); a random tiny draft (acceptance near 0) changes nothing either,
 and its rows soon stop drafting; a draft with another tokenizer is refused at load."""
 
@@ -74,7 +74,7 @@ def reference(engine: Engine) -> list[Any]:
 
 # Alone and in a full batch: a batch of 4 added 40-50 s of CI on a 2-core Xeon and no
 # path that 16 rows do not take (uneven rewinds, rows moved right). Alone, every other
-# prompt (each of the five kinds, five times): one at a time is the slow way through.
+# prompt (each of the five kinds, three or four times): one at a time is the slow way.
 @pytest.mark.parametrize("batch", [1, 16])
 def test_greedy_output_is_identical_alone_and_in_a_batch(
     drafting: Engine, reference: list[Any], batch: int
