@@ -105,14 +105,15 @@ def test_greedy_output_matches_mlx_attention(loaded: LoadedModel) -> None:
 
 
 def test_greedy_output_after_a_long_chunked_prefill_matches(loaded: LoadedModel) -> None:
-    """~1,100 prompt tokens in 512-token chunks, as the scheduler prefills them: the fused
-    prefill kernel at offsets 0, 512 and 1,024 (a partial last chunk)."""
+    """~620 prompt tokens in 512-token chunks, as the scheduler prefills them: the fused
+    prefill kernel at offset 0 and at 512 (a partial last chunk past a full one). A third
+    chunk took no other path and cost ~20 s of CI on a 2-core CPU."""
     model = loaded.model
-    text = " ".join(f"Note {i}: the {PROMPTS[i % len(PROMPTS)].lower()}" for i in range(80))
+    text = " ".join(f"Note {i}: the {PROMPTS[i % len(PROMPTS)].lower()}" for i in range(45))
     template = loaded.tokenizer.apply_chat_template
     messages = [{"role": "user", "content": text + " Summarise the notes."}]
     prompt = list(template(messages, add_generation_prompt=True))
-    assert 1024 < len(prompt) < 1536 and len(prompt) % 512 >= attention.FUSED_MIN_QUERIES
+    assert 512 < len(prompt) < 1024 and len(prompt) % 512 >= attention.FUSED_MIN_QUERIES
     attention.restore_attention(model)
     want, gaps = greedy(model, prompt, chunk=512)
     attention.swap_attention(model)

@@ -182,7 +182,7 @@ def test_a_random_draft_changes_nothing_and_soon_stops_drafting(
     # Drafting costs nothing to the plan, so only each row's own record stops it.
     fresh = started(engine, draft, replace(SELF, position_cost=SpeculativeConfig().position_cost))
     try:
-        texts = PROMPTS[:12]
+        texts = PROMPTS[:8]  # two batches of 4; 12 prompts cost ~6 s more of CI
         got = in_groups(fresh, greedy(fresh, texts, 40), 4)
         want = in_groups(engine, greedy(engine, texts, 40), 4)
         assert [g[:2] for g in got] == [w[:2] for w in want]
