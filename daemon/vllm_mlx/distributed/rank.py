@@ -9,7 +9,6 @@ and shard the next model and follow again) or the group fails.
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import socket
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
 from vllm_mlx.distributed.lockstep import GROUP_FAILED_EXIT, Channel, Follower, Leader
 from vllm_mlx.distributed.status import GroupStatus, set_current
+from vllm_mlx.engine.fleet.collector import settle
 from vllm_mlx.models.loaded import LoadedModel
 
 log = structlog.get_logger(__name__)
@@ -206,6 +206,7 @@ def run_follower(rank: Rank, settings: Settings) -> int:
         except Exception as exc:  # this rank's load, or another's (they agree first)
             log.error("the group cannot load the model; this rank exits", error=str(exc))
             return GROUP_FAILED_EXIT
+        settle()  # the shard's objects: out of every later full collection's walk
         scheduler = Scheduler(
             loaded.model,
             set(loaded.tokenizer.eos_token_ids),
@@ -221,7 +222,7 @@ def run_follower(rank: Rank, settings: Settings) -> int:
         engine = EngineSettings.model_validate(outcome["engine"])
         cache_dir = Path(outcome["cache_dir"])
         del loaded, scheduler, follower  # the old shard's memory goes before the next loads
-        gc.collect()
+        settle()
         log.info("reloading: the next model", model=model.name, source=model.source)
 
 

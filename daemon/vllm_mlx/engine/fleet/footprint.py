@@ -5,12 +5,12 @@ figures are measured once at load (engine/fleet/sizes.py) and kept on the ModelE
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from vllm_mlx.engine.fleet.collector import settle
 from vllm_mlx.engine.fleet.heap import release_free_memory
 
 if TYPE_CHECKING:
@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 def free_memory() -> None:
     """Hand an unloaded model's memory back: drop the cycles that may still reference
-    its arrays, empty MLX's buffer cache, and trim the heap (engine/fleet/heap.py)."""
-    gc.collect()
+    its arrays (frozen ones included: engine/fleet/collector.py), empty MLX's buffer
+    cache, and trim the heap (engine/fleet/heap.py)."""
+    settle()
     mx.clear_cache()
     release_free_memory()
 

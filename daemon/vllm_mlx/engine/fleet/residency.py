@@ -22,6 +22,7 @@ import structlog
 
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.settings import Settings
+from vllm_mlx.engine.fleet.collector import settle
 from vllm_mlx.engine.fleet.footprint import (
     footprint,
     free_memory,
@@ -225,6 +226,8 @@ class ModelManager:
             if self.metrics is not None:
                 self.metrics.loaded(name, time.monotonic() - started, ok=False)
             raise ModelLoadError(f"model '{name}' failed to load: {entry.error}") from exc
+        # Its objects live as long as it: out of every later full collection's walk.
+        await asyncio.to_thread(settle)
         entry.last_used = time.monotonic()
         seconds = time.monotonic() - started
         if self.metrics is not None:
