@@ -3,9 +3,10 @@
 A full (generation 2) collection walks every object the collector tracks, holding the
 GIL: the engine thread cannot build the next decode step meanwhile, so every running
 stream waits. With the bundled model loaded the daemon tracks ~150k objects (the
-tokenizer, mlx-lm's modules, pydantic schemas, Litestar's routes), a full pass took
-~90 ms on a 2-core Zen 3, and 16 streams decoding triggered one every ~9 s: a gap of
-4-5 tokens' time at one stream (docs/benchmarks.md, round 12).
+tokenizer, mlx-lm's modules, pydantic schemas, Litestar's routes) and a full pass took
+15-85 ms of CPU on a 2-core Zen 3 (docs/benchmarks.md, round 12): rare while serving
+(one runs once enough objects have survived), but at one stream 85 ms is 4-5 tokens'
+time, every stream at once.
 
 What is alive once a model has loaded lives as long as that model. `gc.freeze()` moves
 it to a permanent generation that collections skip, so a full pass walks only what
