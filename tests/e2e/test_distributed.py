@@ -5,15 +5,17 @@
 heads per rank; the daemon refuses that at load with a clear error).
 
 The group serves the bundled model as float32; the reference is the single-process
-daemon with the same dtype. Generations are short: on a 2-core machine 3 ranks share
-2 cores, every ring collective costs tens of milliseconds (MLX's ring polls its sockets
-from threads) and a step has 61 of them (30 layers x 2 all_sums, plus the token share),
-so a step takes seconds. The comparisons with the single-process daemon on this model
-(two chats at once; 10 prompts at concurrency 4, streaming on both APIs) run with
+daemon with the same dtype. On a 2-core machine 3 ranks share 2 cores, every ring
+collective costs tens of milliseconds (MLX's ring polls its sockets from threads) and a
+step has 61 of them (30 layers x 2 all_sums, plus the token share), so a step takes
+seconds. The comparisons with the single-process daemon on this model (two chats at
+once; 10 prompts at concurrency 4, streaming on both APIs) run with
 VLLM_MLX_TEST_DISTRIBUTED=1; by default this module checks what only the real model's
-group shows (shared sampling, the grammar on rank 0, status, reload, stop, a killed
-rank). test_distributed_tiny.py runs the full comparison by default on tiny models, at
-2 and 3 ranks, with pipeline parallelism and a model reload.
+group shows: each rank's share of the real weights, status and metrics, a hot reload,
+and a stop. test_distributed_tiny.py runs the rest by default on tiny models, where a
+step costs a fraction of a second: the full greedy comparison at 2 and 3 ranks,
+pipeline parallelism, a model reload, shared sampling, the grammar on rank 0, and a
+killed rank.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import DaemonProcess, launch, running
+from tests.conftest import DaemonProcess, running
 from tests.e2e.ops_support import wait_for
 from tests.support.tiny_model import PROMPTS
 
@@ -55,9 +57,6 @@ FLOAT32 = {
         }
     ]
 }
-# The stated bound (docs/distributed.md): step_timeout (12 s here; a step takes 5-6 s
-# on a loaded 2-core machine) + 0.25 s watchdog poll + 1 s grace; slack on top.
-KILL_BOUND_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +92,6 @@ def _log_events(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
         if line.startswith("{") and f'"{event}"' in line:
             found.append(json.loads(line))
     return found
-
-
-def _follower_records(daemon: DaemonProcess, request_id: str) -> list[dict[str, Any]]:
-    """Each follower's log of the sequence; the lines come through mlx.launch's relay."""
-    deadline = time.monotonic() + 60
-    mine: list[dict[str, Any]] = []
-    while len(mine) < RANKS - 1 and time.monotonic() < deadline:
-        finished = _log_events(daemon, "follower sequence finished")
-        mine = [e for e in finished if e["request_id"] == request_id]
-        time.sleep(0.2)
-    return mine
 
 
 @full_only  # test_distributed_tiny.py compares greedy outputs at 2 and 3 ranks by default
@@ -154,37 +142,16 @@ def test_streaming_on_both_apis_matches(group: DaemonProcess, reference: DaemonP
     assert anthropic_stream(group) == anthropic_stream(reference)
 
 
-def test_every_rank_uses_the_token_rank_0_sampled(group: DaemonProcess) -> None:
-    """temperature 1 without a seed: ranks sampling on their own would diverge."""
-    client = openai.OpenAI(base_url=f"{group.base_url}/v1", api_key="x", timeout=600)
-    reply = client.completions.create(
-        model="default", prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=1.0
-    )
-    text = reply.choices[0].text
-    mine = _follower_records(group, reply.id)
-    assert sorted(e["rank"] for e in mine) == list(range(1, RANKS))
-    assert all(e["text"] == text and e["tokens"] == MAX_TOKENS for e in mine)
-
-
-def test_structured_output_is_enforced_on_rank_0_and_shared(group: DaemonProcess) -> None:
-    """The grammar mask runs on rank 0 only; the followers still follow its tokens."""
-    client = openai.OpenAI(base_url=f"{group.base_url}/v1", api_key="x", timeout=600)
-    reply = client.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": "Tea or coffee?"}],
-        max_tokens=MAX_TOKENS,
-        temperature=1.0,
-        extra_body={"structured_outputs": {"choice": ["tea", "coffee"]}},
-    )
-    assert reply.choices[0].message.content in ("tea", "coffee")
-    mine = _follower_records(group, reply.id)
-    assert sorted(e["rank"] for e in mine) == list(range(1, RANKS))
-    assert all(e["text"] == reply.choices[0].message.content for e in mine)
-
-
 def test_status_shows_the_ranks_and_each_holds_its_share(
     group: DaemonProcess, model_cache_dir: Path
 ) -> None:
+    # One step is enough to give every rank a step time (a step takes seconds here).
+    reply = httpx.post(
+        f"{group.base_url}/v1/completions",
+        json={"model": "default", "prompt": "Once upon a time", "max_tokens": 1},
+        timeout=600,
+    )
+    assert reply.status_code == 200, reply.text
     # Each rank's times reach rank 0 when the group next goes idle: wait for them.
     deadline = time.monotonic() + 60
     while True:
@@ -252,36 +219,3 @@ def test_hot_settings_reload_on_rank_0(group: DaemonProcess) -> None:
 def test_sigterm_on_rank_0_drains_and_stops_the_group(group: DaemonProcess) -> None:
     assert group.stop(signal.SIGTERM, timeout=120) == 0
     assert len(_log_events(group, "rank 0 stopped the group")) == RANKS - 1
-
-
-def test_a_killed_rank_fails_the_stream_and_the_group_exits(
-    tmp_path: Path, model_cache_dir: Path
-) -> None:
-    config = {"distributed": {"ranks": RANKS, "heartbeat": 0.5, "step_timeout": 12}}
-    daemon = launch(tmp_path, model_cache_dir, config)
-    try:
-        daemon.wait_healthy()
-        follower = _log_events(daemon, "following rank 0")[0]
-        body = {
-            "model": "default",
-            "messages": [{"role": "user", "content": "Tell me a long story."}],
-            "max_tokens": 200,
-            "stream": True,
-        }
-        lines: list[str] = []
-        with httpx.stream(
-            "POST", f"{daemon.base_url}/v1/chat/completions", json=body, timeout=600
-        ) as response:
-            assert response.status_code == 200
-            for line in response.iter_lines():
-                lines.append(line)
-                if len(lines) == 1 or '"content":"' not in line or '"content":""' in line:
-                    continue
-                if not any('"content":"' in x and '"content":""' not in x for x in lines[:-1]):
-                    os.kill(follower["pid"], signal.SIGKILL)  # mid-stream: a token is out
-        text = "\n".join(lines)
-        assert text.count('"content":"') >= 1  # tokens streamed before the failure
-        assert "distributed group failed" in text  # the stream ends with a clear error
-        assert daemon.process.wait(KILL_BOUND_S) == 70
-    finally:
-        daemon.stop(signal.SIGKILL)

@@ -4,8 +4,10 @@ The bundled model splits over 3 ranks only and a 3-rank step costs seconds here;
 2-layer model of width 96 costs a few collectives per step, so the issue's full check
 runs by default: greedy outputs identical to the single-process daemon for 10 prompts
 at concurrency 4, non-streaming and streaming on both APIs. Also pipeline parallelism
-(a tiny qwen2: mlx-lm's qwen2 has `model.model.pipeline`), and a model change in the
-YAML of a running group re-sharding on every rank.
+(a tiny qwen2: mlx-lm's qwen2 has `model.model.pipeline`), a model change in the
+YAML of a running group re-sharding on every rank, and on the 3-rank group: every rank
+following the token rank 0 sampled, the grammar applied on rank 0 only, and a rank killed
+mid-stream failing the stream and the group within the stated bound.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ from tests.e2e.ops_support import wait_for
 from tests.support.tiny_model import PROMPTS, bundled_tokenizer_dir, make_tiny_model
 
 MAX_TOKENS = 8
+# The 3-rank group's step_timeout: a tiny step takes ~0.4 s on a loaded 2-core machine.
+STEP_TIMEOUT_S = 5.0
+# The stated bound (docs/distributed.md): step_timeout + 0.25 s watchdog poll + 1 s
+# grace; slack on top for a loaded machine.
+KILL_BOUND_S = 20.0
 # model name in the reference daemon -> (architecture, seed)
 TINY = {"tiny-a": ("llama", 0), "tiny-b": ("llama", 1), "tiny-p": ("qwen2", 2)}
 
@@ -51,10 +58,10 @@ def _served(name: str, source: Path) -> dict[str, Any]:
 
 
 def _group(ranks: int, strategy: str, name: str, dirs: dict[str, Path]) -> dict[str, Any]:
-    return {
-        "distributed": {"ranks": ranks, "strategy": strategy, "heartbeat": 0.5},
-        **_served(name, dirs[name]),
-    }
+    group: dict[str, Any] = {"ranks": ranks, "strategy": strategy, "heartbeat": 0.5}
+    if ranks == 3:  # the group whose rank is killed last: a short bound to wait out
+        group["step_timeout"] = STEP_TIMEOUT_S
+    return {"distributed": group, **_served(name, dirs[name])}
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +285,62 @@ def test_three_ranks_tensor_match_the_single_process_daemon(
     _compare(tensor3, reference, "tiny-a", ONE_WAY)
 
 
+def test_every_rank_uses_the_token_rank_0_sampled(tensor3: DaemonProcess) -> None:
+    """temperature 1 without a seed: ranks sampling on their own would diverge."""
+    client = openai.OpenAI(base_url=f"{tensor3.base_url}/v1", api_key="x", timeout=300)
+    reply = client.completions.create(
+        model="default", prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=1.0
+    )
+    text = reply.choices[0].text
+    mine = _follower_records(tensor3, reply.id, 3)
+    assert sorted(e["rank"] for e in mine) == [1, 2]
+    assert all(e["text"] == text and e["tokens"] == reply.usage.completion_tokens for e in mine)
+
+
+def test_structured_output_is_enforced_on_rank_0_and_shared(tensor3: DaemonProcess) -> None:
+    """The grammar mask runs on rank 0 only; the followers still follow its tokens."""
+    client = openai.OpenAI(base_url=f"{tensor3.base_url}/v1", api_key="x", timeout=300)
+    reply = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Tea or coffee?"}],
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+        extra_body={"structured_outputs": {"choice": ["tea", "coffee"]}},
+    )
+    assert reply.choices[0].message.content in ("tea", "coffee")
+    mine = _follower_records(tensor3, reply.id, 3)
+    assert sorted(e["rank"] for e in mine) == [1, 2]
+    assert all(e["text"] == reply.choices[0].message.content for e in mine)
+
+
+def test_a_killed_rank_fails_the_stream_and_the_group_exits(tensor3: DaemonProcess) -> None:
+    """SIGKILL to a follower once a token is out: the stream ends with a clear error and
+    the group exits 70 within step_timeout + 1.25 s (plus slack). It ends the 3-rank
+    group, so it runs last on it."""
+    follower = _log_events(tensor3, "following rank 0")[0]
+    body = {
+        "model": "default",
+        "prompt": "Once upon a time",
+        "max_tokens": 1000,
+        "stream": True,
+    }
+    lines: list[str] = []
+    killed = False
+    with httpx.stream(
+        "POST", f"{tensor3.base_url}/v1/completions", json=body, timeout=300
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            lines.append(line)
+            if not killed and '"text":"' in line and '"text":""' not in line:
+                os.kill(follower["pid"], signal.SIGKILL)  # mid-stream: a token is out
+                killed = True
+    text = "\n".join(lines)
+    assert killed  # tokens streamed before the failure
+    assert "distributed group failed" in text  # the stream ends with a clear error
+    assert tensor3.process.wait(KILL_BOUND_S) == 70
+
+
 def test_two_ranks_pipeline_match_the_single_process_daemon(
     pipeline2: DaemonProcess, reference: DaemonProcess, tiny_dirs: dict[str, Path]
 ) -> None:
@@ -294,6 +357,19 @@ def test_two_ranks_pipeline_match_the_single_process_daemon(
 def _log_events(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
     lines = daemon.log_text().splitlines()
     return [json.loads(x) for x in lines if x.startswith("{") and f'"{event}"' in x]
+
+
+def _follower_records(daemon: DaemonProcess, request_id: str, ranks: int) -> list[dict[str, Any]]:
+    """Each follower's log of the sequence; the lines come through mlx.launch's relay."""
+    mine: list[dict[str, Any]] = []
+
+    def logged() -> bool:
+        finished = _log_events(daemon, "follower sequence finished")
+        mine[:] = [e for e in finished if e["request_id"] == request_id]
+        return len(mine) == ranks - 1
+
+    wait_for(logged, 60, "every follower's record of the sequence")
+    return mine
 
 
 def _ask_until(daemon: DaemonProcess, done: threading.Event) -> list[tuple[int, str]]:
