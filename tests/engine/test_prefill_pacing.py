@@ -17,7 +17,9 @@ from vllm_mlx.engine.types import (
 )
 
 SENTENCE = "The inspector wrote that span {i} of the old bridge needs new paint before winter."
-LONG = " ".join(SENTENCE.format(i=i) for i in range(60))  # ~1,100 prompt tokens
+# ~620 prompt tokens: two whole 512-token chunks (1,100 tokens cost ~15 s more of CI on a
+# 2-core CPU and took no other path).
+LONG = " ".join(SENTENCE.format(i=i) for i in range(33))
 STREAM = "Count from 1 to 400, separated by commas."
 
 
@@ -29,7 +31,7 @@ def chat(engine: Engine, text: str) -> list[int]:
 async def stream_during_prefill(engine: Engine) -> tuple[int, list[int], list[int]]:
     """A stream runs; a long prompt arrives. (The stream's tokens while the prompt was
     read, the long request's tokens, the stream's tokens.)"""
-    stream = GenerationRequest("stream", chat(engine, STREAM), 200, SamplingParams())
+    stream = GenerationRequest("stream", chat(engine, STREAM), 120, SamplingParams())
     long = GenerationRequest("long", chat(engine, LONG), 6, SamplingParams())
     streamed: list[int] = []
     reading = asyncio.Event()
@@ -69,7 +71,7 @@ async def stream_during_prefill(engine: Engine) -> tuple[int, list[int], list[in
 
 
 def test_a_stream_keeps_going_while_a_long_prompt_is_read(engine: Engine) -> None:
-    assert len(chat(engine, LONG)) > 1000  # 3 whole chunks
+    assert len(chat(engine, LONG)) > 512  # 2 whole chunks
     paced_during, paced_long, paced_stream = asyncio.run(stream_during_prefill(engine))
     unpaced = Engine(engine.loaded, SchedulerConfig(max_batch_size=8, max_prefill_stall=None))
     unpaced.start()
@@ -77,11 +79,11 @@ def test_a_stream_keeps_going_while_a_long_prompt_is_read(engine: Engine) -> Non
         whole_during, whole_long, whole_stream = asyncio.run(stream_during_prefill(unpaced))
     finally:
         unpaced.stop()
-    # Whole 512-token chunks: the stream gets about one token per chunk (3 chunks).
-    assert whole_during <= 6
+    # Whole 512-token chunks: the stream gets about one token per chunk (2 chunks).
+    assert whole_during <= 4
     # Paced: chunks sized to about one decode step's time, many steps while reading.
     assert paced_during >= 3 * max(whole_during, 4), (paced_during, whole_during)
     assert paced_stream == whole_stream  # decoding rows do not depend on chunking
-    # Measured: 192 stream tokens (all it had left) against 3, and the same 6 tokens of
+    # Measured: 112 stream tokens (all it had left) against 2, and the same 6 tokens of
     # the long reply.
     assert paced_long == whole_long and len(paced_long) == 6
