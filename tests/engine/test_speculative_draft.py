@@ -1,7 +1,7 @@
 """Draft-model speculative decoding through the real engine: the bundled model drafting
 for itself (acceptance near 100%: the mechanism, not a speed-up) gives token for token
 the output without speculation (greedy: 16 prompts alone, 32 16 at a time; seeded
-sampled: 8 alone and 4 at a time); a random tiny draft (acceptance near 0) changes nothing either,
+sampled: 4 alone and 4 at a time); a random tiny draft (acceptance near 0) changes nothing either,
 and its rows soon stop drafting; a draft with another tokenizer is refused at load."""
 
 from __future__ import annotations
@@ -108,11 +108,12 @@ def seeded(engine: Engine, count: int) -> list[GenerationRequest]:
 def test_seeded_sampled_rows_give_the_tokens_they_would(
     engine: Engine, drafting: Engine, batch: int
 ) -> None:
-    want = in_groups(engine, seeded(engine, 8), batch)
+    # Four prompts, one of each kind (eight cost ~13 s more of CI on a 2-core CPU).
+    want = in_groups(engine, seeded(engine, 4), batch)
     before = drafting.scheduler.stats.accepted_tokens
-    have = in_groups(drafting, seeded(drafting, 8), batch)
+    have = in_groups(drafting, seeded(drafting, 4), batch)
     assert [h[:2] for h in have] == [w[:2] for w in want]
-    assert drafting.scheduler.stats.accepted_tokens - before > 50
+    assert drafting.scheduler.stats.accepted_tokens - before > 25  # measured: 39
 
 
 def test_rows_in_one_batch_use_different_methods(
