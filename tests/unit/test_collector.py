@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.unit.test_residency_unload import BlockingRunner, Fleet
+from tests.support.fleet import BlockingRunner, Fleet
 from vllm_mlx.engine.fleet import collector
 from vllm_mlx.engine.fleet.registry import Loader, LoadState, ModelEntry
 

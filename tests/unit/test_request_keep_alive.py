@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.test_residency_unload import Fleet
+from tests.support.fleet import Fleet
 from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.ollama.keep_alive import FOREVER, parse_keep_alive
 from vllm_mlx.config.distributed import DistributedSettings
