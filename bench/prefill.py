@@ -11,8 +11,9 @@ mlx-lm directory, llama-server on the GGUF it came from):
   token generated; the servers' order rotates each round so load drift favours none;
 - **stall**: 8 streams decode; once each has streamed a while, a ~4k-token prompt
   arrives; the streams' gaps between tokens while it is read (p50, p99, max) against
-  their median before it, for vllm-mlx with prefill pacing (`engine.max_prefill_stall`,
-  the default) and without (`null`), and llama-server.
+  their median before it and their median while it is read, for vllm-mlx with prefill
+  pacing (`engine.max_prefill_stall`, the default) and without (`null`), and
+  llama-server.
 
 Prints markdown with the raw numbers, the CPU and the load average.
 """
@@ -210,9 +211,10 @@ def stall_table(specs: list[PeerSpec], work: Path, rounds: int) -> None:
     print(f"### {STREAMS} streams decoding while a ~{LENGTHS[-1]}-token prompt is read\n")
     print(
         "| round | server | prompt tokens | its TTFT s | streams' gap before, median / p99 ms "
-        "| gap while read p50 / p99 / max ms | p99 / median before | gaps |"
+        "| gap while read p50 / p99 / max ms | p99 / median before | p99 / median while read "
+        "| gaps |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for r in range(rounds):
         shift = r % len(specs)
         for spec in specs[shift:] + specs[:shift]:
@@ -223,7 +225,8 @@ def stall_table(specs: list[PeerSpec], work: Path, rounds: int) -> None:
                 f"| {1000 * row['usual']:.0f} / {1000 * row['usual_p99']:.0f} "
                 f"| {1000 * row['p50']:.0f} / "
                 f"{1000 * row['p99']:.0f} / {1000 * row['max']:.0f} "
-                f"| {row['p99'] / row['usual']:.1f}x | {row['gaps']:.0f} |",
+                f"| {row['p99'] / row['usual']:.1f}x | {row['p99'] / row['p50']:.1f}x "
+                f"| {row['gaps']:.0f} |",
                 flush=True,
             )
     print()
