@@ -14,6 +14,25 @@ from tests.support.fleet import BlockingRunner, Fleet
 from vllm_mlx.engine.fleet.registry import Loader, LoadState, ModelEntry
 
 
+def test_an_unload_reads_unloading_until_teardown_ends() -> None:
+    fleet = Fleet()
+
+    async def scenario() -> None:
+        unload = asyncio.ensure_future(fleet.manager.unload(fleet.entry))
+        await fleet.mid_teardown()
+        try:  # not yet `not_loaded`, not yet counted, still loadable on demand
+            assert fleet.entry.state is LoadState.UNLOADING
+            assert fleet.unloads("explicit") == 0
+            assert fleet.registry.ready
+        finally:
+            fleet.runner.finish.set()  # a failed check must not leave the stop blocked
+        assert await unload is True
+        assert fleet.entry.state is LoadState.NOT_LOADED
+        assert fleet.unloads("explicit") == 1
+
+    asyncio.run(scenario())
+
+
 def test_an_idle_unload_counts_with_its_state_change() -> None:
     fleet = Fleet(keep_alive=0)
 
