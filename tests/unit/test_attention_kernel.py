@@ -141,7 +141,7 @@ def test_bad_inputs_raise_value_errors() -> None:
     bad = [
         ((q.astype(mx.float16), k, v), "float32"),
         ((q[..., 0, :], k, v), "4-D"),
-        ((mx.concatenate([q, q], axis=2), k, v), "one position"),
+        ((mx.concatenate([q] * 65, axis=2), k, v), "1 to 64 positions"),
         ((q[:1], k, v), "batch size"),
         ((q[:, :8], k, v), "divides"),
         ((q, k, v[:, :, :5]), "length"),
@@ -155,6 +155,62 @@ def test_bad_inputs_raise_value_errors() -> None:
         ext.sdpa_decode(q, k, v, 0.125, mx.ones((2, 1, 1, 11), dtype=mx.bool_))
     with pytest.raises(ValueError, match="bool or floating"):
         ext.sdpa_decode(q, k, v, 0.125, mx.ones((2, 1, 1, 10), dtype=mx.int32))
+    with pytest.raises(ValueError, match="exclude each other"):
+        ext.sdpa_decode(q, k, v, 0.125, mx.ones((2, 1, 1, 10), dtype=mx.bool_), causal=True)
+    assert ext.SDPA_DECODE_MAX_QUERIES == 64
+
+
+def several(b: int, m: int, t: int, seed: int = 0) -> tuple[mx.array, mx.array, mx.array]:
+    """m query positions, the last m of t keys (cache slices, as qkv), GQA 9 / 3."""
+    q = mx.random.normal((b, 9, m, 64), key=mx.random.key(seed))
+    _, k, v = qkv(b, 9, 3, 64, t, seed=seed)
+    return q, k, v
+
+
+@pytest.mark.parametrize(("m", "t"), [(2, 2), (3, 40), (7, 300), (16, 129), (64, 700)])
+def test_several_positions_match_mlx_causal_and_masked(isa: str, m: int, t: int) -> None:
+    """A short chunk or a verify pass at offset t - m: causal, and the masks of a
+    left-padded batch cache (bool, and as additive), against MLX."""
+    q, k, v = several(2, m, t, seed=m)
+    ext = qmm.extension()
+    close(ext.sdpa_decode(q, k, v, 0.125, causal=True), reference(q, k, v, 0.125, "causal"))  # type: ignore[arg-type]
+    keep = base.create_causal_mask(m, offset=t - m, left_padding=mx.array([0, min(3, t - m)]))
+    for mask in (keep, mx.where(keep, 0.0, -1e9), None):
+        close(ext.sdpa_decode(q, k, v, 0.125, mask), reference(q, k, v, 0.125, mask))
+
+
+def test_a_position_that_sees_no_key_averages_v_like_mlx(isa: str) -> None:
+    """More positions than keys, causal: the first sees none; MLX gives it V's mean."""
+    q, k, v = several(1, 5, 3)
+    got = qmm.extension().sdpa_decode(q, k, v, 0.125, causal=True)
+    close(got, reference(q, k, v, 0.125, "causal"))  # type: ignore[arg-type]
+    close(got[:, :, 0], mx.repeat(v.mean(axis=2), 3, axis=1))
+
+
+@pytest.mark.parametrize("m", [2, 5, 12])
+def test_each_position_has_the_bits_of_its_own_decode_call(
+    isa: str, m: int, threaded: None
+) -> None:
+    """Position j of a causal (or batch-cache masked) call is bit for bit a one-position
+    call over the keys it sees: what a speculative verify pass relies on."""
+    t = 90 + m
+    q, k, v = several(3, m, t, seed=m)
+    ext = qmm.extension()
+    mask = base.create_causal_mask(m, offset=t - m, left_padding=mx.array([0, 4, 9]))
+    rows = {"causal": ext.sdpa_decode(q, k, v, 0.125, causal=True)}
+    rows["mask"] = ext.sdpa_decode(q, k, v, 0.125, mask)
+    for j in range(m):
+        seen = t - m + j + 1
+        alone = ext.sdpa_decode(q[:, :, j : j + 1], k[..., :seen, :], v[..., :seen, :], 0.125)
+        assert same_bits(alone, rows["causal"][:, :, j : j + 1]), j
+        step = ext.sdpa_decode(
+            q[:, :, j : j + 1],
+            k[..., :seen, :],
+            v[..., :seen, :],
+            0.125,
+            mask[..., j : j + 1, :seen],
+        )
+        assert same_bits(step, rows["mask"][:, :, j : j + 1]), j
 
 
 def tiny_llama() -> llama.Model:
@@ -196,13 +252,15 @@ def test_swap_routes_decode_steps_and_is_idempotent_and_reversible() -> None:
 
 def test_the_wrapper_leaves_other_cases_to_mlx_lm() -> None:
     q, k, v = qkv(1, 4, 2, 64, 9)
-    cases: list[tuple[mx.array | str | None, mx.array | None]] = [
-        (None, mx.zeros((4,))),  # attention sinks
-        ("causal", None),
+    half = q.astype(mx.float16), k.astype(mx.float16), v.astype(mx.float16)
+    cases: list[tuple[tuple[mx.array, ...], mx.array | str | None, mx.array | None]] = [
+        ((q, k, v), None, mx.zeros((4,))),  # attention sinks
+        (half, "causal", None),  # not float32
+        (half, None, None),
     ]
-    for mask, sinks in cases:
-        got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, mask, sinks)
-        want = base.scaled_dot_product_attention(q, k, v, None, 0.125, mask, sinks)  # type: ignore[arg-type]
+    for (qq, kk, vv), mask, sinks in cases:
+        got = attention.scaled_dot_product_attention(qq, kk, vv, None, 0.125, mask, sinks)
+        want = base.scaled_dot_product_attention(qq, kk, vv, None, 0.125, mask, sinks)  # type: ignore[arg-type]
         assert same_bits(got, want)
 
 
@@ -270,3 +328,61 @@ def test_the_prefill_kernel_can_be_switched_off() -> None:
         assert same_bits(got, want)  # mlx_lm's own path
     finally:
         attention.use_prefill_kernel(True)
+
+
+def test_short_chunks_go_to_the_decode_kernel_and_longer_ones_do_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Up to SHORT_CHUNK_QUERIES queries: the decode kernel's bits (causal and masked);
+    one more: the BLAS products' (another order of sums, so other bits)."""
+    ext = qmm.extension()
+    calls: list[int] = []
+    original = ext.sdpa_decode
+
+    def counted(q: mx.array, *args: object, **kw: object) -> mx.array:
+        calls.append(q.shape[2])
+        return original(q, *args, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(ext, "sdpa_decode", counted)
+    n = attention.SHORT_CHUNK_QUERIES
+    for m in (2, n, n + 1):
+        q, k, v = several(2, m, 50 + m, seed=m)
+        mask = base.create_causal_mask(m, offset=50, left_padding=mx.array([0, 2]))
+        for kind in ("causal", mask):
+            got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, kind)
+            want = base.scaled_dot_product_attention(q, k, v, None, 0.125, kind)  # type: ignore[arg-type]
+            close(got, want)
+    assert calls == [2, 2, n, n]
+    attention.use_prefill_kernel(False)
+    try:
+        q, k, v = several(1, 2, 9)
+        got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, "causal")
+        assert same_bits(got, base.scaled_dot_product_attention(q, k, v, None, 0.125, "causal"))
+    finally:
+        attention.use_prefill_kernel(True)
+    assert calls == [2, 2, n, n]
+
+
+def test_attend_as_decoding_is_one_call_with_each_positions_decode_bits() -> None:
+    """What a speculative verify pass uses: a batch cache's mask over several positions,
+    bit for bit the one-position calls; None where it cannot promise that."""
+    m, t = 6, 70
+    q, k, v = several(3, m, t, seed=3)
+    mask = base.create_causal_mask(m, offset=t - m, left_padding=mx.array([0, 1, 8]))
+    got = attention.attend_as_decoding(q, k, v, None, 0.125, mask)
+    assert got is not None
+    for j in range(m):
+        seen = t - m + j + 1
+        step = attention.scaled_dot_product_attention(
+            q[:, :, j : j + 1],
+            k[..., :seen, :],
+            v[..., :seen, :],
+            None,
+            0.125,
+            mask[..., j : j + 1, :seen],
+        )
+        assert same_bits(step, got[:, :, j : j + 1]), j
+    assert attention.attend_as_decoding(q, k, v, None, 0.125, "causal") is None
+    assert attention.attend_as_decoding(q.astype(mx.float16), k, v, None, 0.125, mask) is None
+    wide = mx.concatenate([q] * 11, axis=2)  # 66 positions: more than the kernel takes
+    assert attention.attend_as_decoding(wide, k, v, None, 0.125, mask) is None

@@ -15,14 +15,15 @@ namespace vllm_mlx_kernels {
 namespace {
 
 void check(const mx::array& q, const mx::array& k, const mx::array& v,
-           const std::optional<mx::array>& mask) {
+           const std::optional<mx::array>& mask, bool causal) {
   std::ostringstream msg;
   if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) {
     msg << "q, k and v must be float32";
   } else if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) {
     msg << "q, k and v must be 4-D (batch, heads, positions, head dim)";
-  } else if (q.shape(2) != 1) {
-    msg << "q must have one position (decode), not " << q.shape(2);
+  } else if (q.shape(2) < 1 || q.shape(2) > kMaxDecodeQueries) {
+    msg << "q must have 1 to " << kMaxDecodeQueries << " positions, not " << q.shape(2)
+        << " (sdpa_prefill takes more)";
   } else if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0)) {
     msg << "q, k and v must have one batch size";
   } else if (k.shape(1) != v.shape(1) || k.shape(1) < 1 || q.shape(1) % k.shape(1) != 0) {
@@ -33,6 +34,8 @@ void check(const mx::array& q, const mx::array& k, const mx::array& v,
     msg << "k's head dim must equal q's (" << q.shape(3) << ")";
   } else if (mask && mask->dtype() != mx::bool_ && !mx::issubdtype(mask->dtype(), mx::floating)) {
     msg << "mask must be bool or floating point";
+  } else if (mask && causal) {
+    msg << "a mask and causal exclude each other (MLX takes one or the other)";
   } else {
     return;
   }
@@ -71,28 +74,28 @@ void fill_all(const View& q, const View& k, const View& v) {
 } // namespace
 
 mx::array sdpa_decode(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-                      const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
-  check(q, k, v, mask);
+                      const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s) {
+  check(q, k, v, mask, causal);
   auto stream = mx::to_stream(s);
   if (stream.device != mx::Device::cpu) {
     throw std::invalid_argument("vllm_mlx sdpa_decode runs on the CPU only");
   }
-  int B = q.shape(0), Hq = q.shape(1), T = k.shape(2);
+  int B = q.shape(0), Hq = q.shape(1), M = q.shape(2), T = k.shape(2);
   // No copies of the cache: K and V are read through their strides (see View).
   std::vector<mx::array> inputs{q, k, v};
   if (mask) {
     auto m = mask->dtype() == mx::bool_ ? *mask : mx::astype(*mask, mx::float32, s);
     try {
-      inputs.push_back(mx::broadcast_to(m, {B, Hq, 1, T}, s)); // zero strides, no copy
+      inputs.push_back(mx::broadcast_to(m, {B, Hq, M, T}, s)); // zero strides, no copy
     } catch (const std::invalid_argument&) {
       std::ostringstream msg;
-      msg << "vllm_mlx sdpa_decode: the mask must broadcast to (" << B << ", " << Hq
-          << ", 1, " << T << ")";
+      msg << "vllm_mlx sdpa_decode: the mask must broadcast to (" << B << ", " << Hq << ", "
+          << M << ", " << T << ")";
       throw std::invalid_argument(msg.str());
     }
   }
-  return mx::array({B, Hq, 1, v.shape(3)}, mx::float32,
-                   std::make_shared<DecodeAttention>(stream, scale), inputs);
+  return mx::array({B, Hq, M, v.shape(3)}, mx::float32,
+                   std::make_shared<DecodeAttention>(stream, scale, causal), inputs);
 }
 
 void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -106,25 +109,24 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   View qv = view_of(q, encoder), kv = view_of(k, encoder), vv = view_of(v, encoder);
   AttnProblem p{};
   p.q = qv.data;
-  p.q_strides[0] = qv.strides[0];
-  p.q_strides[1] = qv.strides[1];
+  std::copy(qv.strides, qv.strides + 3, p.q_strides);
   p.k = kv.data;
   p.v = vv.data;
   std::copy(kv.strides, kv.strides + 3, p.k_strides);
   std::copy(vv.strides, vv.strides + 3, p.v_strides);
   p.mask_kind = MaskKind::none;
   if (inputs.size() > 3) {
-    const auto& m = inputs[3]; // (B, Hq, 1, T): skip the query-position dimension
+    const auto& m = inputs[3]; // (B, Hq, M, T), broadcast: zero strides
     p.mask = m.data<void>();
-    p.mask_strides[0] = m.strides()[0];
-    p.mask_strides[1] = m.strides()[1];
-    p.mask_strides[2] = m.strides()[3];
+    std::copy(m.strides().begin(), m.strides().end(), p.mask_strides);
     p.mask_kind = m.dtype() == mx::bool_ ? MaskKind::boolean : MaskKind::additive;
   }
+  p.causal = causal_;
   p.out = out.data<float>();
   p.B = q.shape(0);
   p.Hq = q.shape(1);
   p.Hkv = k.shape(1);
+  p.M = q.shape(2);
   p.T = k.shape(2);
   p.D = q.shape(3);
   p.Dv = v.shape(3);

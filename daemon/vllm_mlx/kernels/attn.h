@@ -10,16 +10,22 @@ namespace vllm_mlx_kernels {
 
 namespace mx = mlx::core;
 
-// mx.fast.scaled_dot_product_attention(q, k, v, scale, mask) for one query position:
-// float32 q (B, Hq, 1, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), Hq a multiple of Hkv, and
-// mask None, bool (false: excluded) or additive, broadcastable to (B, Hq, 1, T).
-// Returns (B, Hq, 1, Dv) float32. std::invalid_argument for anything else.
+// The most query positions sdpa_decode takes: its scratch per (sequence, KV head) holds
+// every row's scores; sdpa_prefill's tiles serve more.
+constexpr int kMaxDecodeQueries = 64;
+
+// mx.fast.scaled_dot_product_attention(q, k, v, scale, mask) for a few query positions
+// (one when decoding): float32 q (B, Hq, M, D) with 1 <= M <= 64, k (B, Hkv, T, D), v (B,
+// Hkv, T, Dv), Hq a multiple of Hkv, and mask None, bool (false: excluded) or additive,
+// broadcastable to (B, Hq, M, T); or `causal` (no mask): query m sees keys up to T - M + m.
+// Returns (B, Hq, M, Dv) float32. std::invalid_argument for anything else.
 mx::array sdpa_decode(
     const mx::array& q,
     const mx::array& k,
     const mx::array& v,
     float scale,
     const std::optional<mx::array>& mask = std::nullopt,
+    bool causal = false,
     mx::StreamOrDevice s = {});
 
 // softmax over the last axis of float32 prefill scores (B, Hkv, R, L) where row r's query
@@ -90,7 +96,8 @@ class PrefillSoftmax : public mx::UnaryPrimitive {
 
 class DecodeAttention : public mx::UnaryPrimitive {
  public:
-  DecodeAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
+  DecodeAttention(mx::Stream stream, float scale, bool causal)
+      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -99,11 +106,13 @@ class DecodeAttention : public mx::UnaryPrimitive {
     return "VllmMlxDecodeAttention";
   }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return scale_ == static_cast<const DecodeAttention&>(other).scale_;
+    auto& o = static_cast<const DecodeAttention&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_;
   }
 
  private:
   float scale_;
+  bool causal_;
 };
 
 } // namespace vllm_mlx_kernels

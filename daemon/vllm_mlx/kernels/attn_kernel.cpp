@@ -1,5 +1,6 @@
-// Decode attention, per (sequence, KV head): the G query heads that share the KV head are
-// handled together (up to kBlock at a time), so each K and V row is loaded once per block:
+// Decode attention, per (sequence, KV head): the G query heads x M positions that share the
+// KV head are handled together (up to kBlock rows at a time), so each K and V row is loaded
+// once per block:
 //   1. scores[g, t] = (q[g] * scale) . k[t]       (q scaled first, as MLX's fallback does)
 //   2. the mask: bool -> the float minimum where false (finite, like MLX's where()), or added
 //   3. softmax as MLX's precise CPU softmax: max, exp(x - max) with MLX's exp, * 1 / sum
@@ -212,20 +213,20 @@ void pv_avx2(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv
 
 #endif
 
-void apply_mask(const AttnProblem& p, int b, int h, float* s) {
-  int64_t base = b * p.mask_strides[0] + h * p.mask_strides[1];
-  int64_t st = p.mask_strides[2];
+void apply_mask(const AttnProblem& p, int b, int h, int m, int valid, float* s) {
+  int64_t base = b * p.mask_strides[0] + h * p.mask_strides[1] + m * p.mask_strides[2];
+  int64_t st = p.mask_strides[3];
   if (p.mask_kind == MaskKind::boolean) {
-    const bool* m = static_cast<const bool*>(p.mask) + base;
-    for (int t = 0; t < p.T; ++t) {
-      if (!m[t * st]) {
+    const bool* keep = static_cast<const bool*>(p.mask) + base;
+    for (int t = 0; t < valid; ++t) {
+      if (!keep[t * st]) {
         s[t] = std::numeric_limits<float>::lowest(); // MLX: finfo(float32).min
       }
     }
   } else if (p.mask_kind == MaskKind::additive) {
-    const float* m = static_cast<const float*>(p.mask) + base;
-    for (int t = 0; t < p.T; ++t) {
-      s[t] += m[t * st];
+    const float* add = static_cast<const float*>(p.mask) + base;
+    for (int t = 0; t < valid; ++t) {
+      s[t] += add[t * st];
     }
   }
 }
@@ -278,33 +279,46 @@ Kernels kernels() {
   return {scores_scalar, pv_scalar};
 }
 
-// One (sequence b, KV head kh): its G query heads in blocks of kBlock.
+// One (sequence b, KV head kh): its G query heads x M positions, rows r = g * M + m (the
+// output's order), in blocks of kBlock rows per pass over K and V.
 void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
-  int G = p.Hq / p.Hkv;
+  const int G = p.Hq / p.Hkv;
+  const int R = G * p.M;
   thread_local std::vector<float> scratch; // per thread: workers get their own
-  scratch.resize(static_cast<size_t>(G) * (p.D + p.T));
+  scratch.resize(static_cast<size_t>(R) * (p.D + p.T));
   float* qs = scratch.data();
-  float* s = qs + static_cast<size_t>(G) * p.D;
-  for (int g = 0; g < G; ++g) {
-    const float* qr = p.q + b * p.q_strides[0] + (kh * G + g) * p.q_strides[1];
+  float* s = qs + static_cast<size_t>(R) * p.D;
+  for (int r = 0; r < R; ++r) {
+    const float* qr = p.q + b * p.q_strides[0] + (kh * G + r / p.M) * p.q_strides[1] +
+                      (r % p.M) * p.q_strides[2];
     for (int d = 0; d < p.D; ++d) {
-      qs[g * p.D + d] = qr[d] * p.scale;
+      qs[r * p.D + d] = qr[d] * p.scale;
     }
   }
   const float* k = p.k + b * p.k_strides[0] + kh * p.k_strides[1];
   const float* v = p.v + b * p.v_strides[0] + kh * p.v_strides[1];
-  for (int g = 0; g < G; g += kBlock) {
-    kern.scores(qs + g * p.D, std::min(kBlock, G - g), p.D, k, p.k_strides[2], p.T,
-                s + static_cast<size_t>(g) * p.T);
+  for (int r = 0; r < R; r += kBlock) {
+    kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, k, p.k_strides[2], p.T,
+                s + static_cast<size_t>(r) * p.T);
   }
-  for (int g = 0; g < G; ++g) {
-    apply_mask(p, b, kh * G + g, s + static_cast<size_t>(g) * p.T);
-    softmax(s + static_cast<size_t>(g) * p.T, p.T);
+  for (int r = 0; r < R; ++r) {
+    const int m = r % p.M;
+    float* row = s + static_cast<size_t>(r) * p.T;
+    // Causally excluded keys get exactly 0 (as exp of the float minimum minus the max
+    // would), so the softmax leaves them out and P.V adds exact zeros for them.
+    const int valid = p.causal ? std::clamp(p.T - p.M + m + 1, 0, p.T) : p.T;
+    if (valid == 0) { // sees no key: MLX's softmax of equal minima, uniform over all T
+      std::fill(row, row + p.T, 1.0f / static_cast<float>(p.T));
+      continue;
+    }
+    apply_mask(p, b, kh * G + r / p.M, m, valid, row);
+    softmax(row, valid);
+    std::fill(row + valid, row + p.T, 0.0f);
   }
-  float* out = p.out + (static_cast<size_t>(b) * p.Hq + kh * G) * p.Dv;
-  for (int g = 0; g < G; g += kBlock) {
-    kern.pv(s + static_cast<size_t>(g) * p.T, std::min(kBlock, G - g), p.T, v, p.v_strides[2],
-            p.Dv, out + static_cast<size_t>(g) * p.Dv);
+  float* out = p.out + (static_cast<size_t>(b) * p.Hq + kh * G) * p.M * p.Dv;
+  for (int r = 0; r < R; r += kBlock) {
+    kern.pv(s + static_cast<size_t>(r) * p.T, std::min(kBlock, R - r), p.T, v, p.v_strides[2],
+            p.Dv, out + static_cast<size_t>(r) * p.Dv);
   }
 }
 
@@ -324,7 +338,7 @@ void sdpa_decode(const AttnProblem& p) {
   // measurable even at 16 x 1000 positions (it is memory-bound there), so the threshold
   // stays where it was measured: twice the matmul's (which was lowered to 1 << 21 for
   // the decode MLP's down projection), 1 << 22 by default.
-  long work = static_cast<long>(p.B) * p.T * (p.D + p.Dv) * (p.Hq + 2 * p.Hkv);
+  long work = static_cast<long>(p.B) * p.T * (p.D + p.Dv) * (p.Hq * p.M + 2 * p.Hkv);
   int n_threads = work < 2 * parallel_min() ? 1 : std::min(threads(), units);
   if (n_threads <= 1) {
     run(0, units);

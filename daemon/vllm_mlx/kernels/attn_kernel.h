@@ -1,8 +1,11 @@
-// Decode attention on the CPU: one query position per sequence against its KV cache,
-//   out[b, h] = softmax(scale * q[b, h] . k[b, h / G, t] (+ mask[b, h, t])) @ v[b, h / G, t]
-// with G = Hq / Hkv query heads per KV head (grouped-query attention). What MLX's CPU
-// scaled_dot_product_attention computes as ~10 graph nodes and two tiny BLAS calls per
-// head, in one pass that reads each K and V row once per group of query heads.
+// Decode attention on the CPU: a few query positions per sequence (one when decoding; a
+// short prefill chunk or a speculative draft's check) against its KV cache,
+//   out[b, h, m] = softmax(scale * q[b, h, m] . k[b, h / G, t] (+ mask[b, h, m, t]))
+//                  @ v[b, h / G, t]
+// with G = Hq / Hkv query heads per KV head (grouped-query attention); with `causal`,
+// query m sees keys t <= T - M + m only. What MLX's CPU scaled_dot_product_attention
+// computes as ~10 graph nodes and two tiny BLAS calls per head, in one pass that reads
+// each K and V row once per block of query rows, in place in the cache.
 #pragma once
 
 #include <cstdint>
@@ -14,19 +17,21 @@ enum class MaskKind { none, boolean, additive };
 struct AttnProblem {
   // Strides in elements over (batch, head[, position]); the last dimension is contiguous.
   // K and V are read in place: they are slices of the cache's larger buffer.
-  const float* q; // (B, Hq, D)
-  int64_t q_strides[2];
+  const float* q; // (B, Hq, M, D)
+  int64_t q_strides[3];
   const float* k; // (B, Hkv, T, D)
   int64_t k_strides[3];
   const float* v; // (B, Hkv, T, Dv)
   int64_t v_strides[3];
-  const void* mask; // (B, Hq, T) of bool (false: excluded) or float32 (added), or null
-  int64_t mask_strides[3]; // zero along broadcast dimensions
+  const void* mask; // (B, Hq, M, T) of bool (false: excluded) or float32 (added), or null
+  int64_t mask_strides[4]; // zero along broadcast dimensions
   MaskKind mask_kind;
-  float* out; // (B, Hq, Dv), row-major
+  bool causal; // query m sees keys t <= T - M + m (as MLX's "causal" mask)
+  float* out; // (B, Hq, M, Dv), row-major
   int B;
   int Hq;
   int Hkv;
+  int M; // query positions per sequence
   int T;
   int D;
   int Dv;

@@ -49,8 +49,11 @@ NB_MODULE(_qmm, m) {
         "scale"_a, "offset"_a, "freqs"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rope for float32 (offset: an int32 array), as one CPU graph node.");
   m.def("sdpa_decode", &vllm_mlx_kernels::sdpa_decode, "q"_a, "k"_a, "v"_a, "scale"_a,
-        "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
-        "mx.fast.scaled_dot_product_attention for one float32 query position (decode).");
+        "mask"_a = nb::none(), nb::kw_only(), "causal"_a = false, "stream"_a = nb::none(),
+        "mx.fast.scaled_dot_product_attention for 1 to 64 float32 query positions (decode, "
+        "short chunks); causal: query m sees keys up to T - M + m.");
+  // Builds from before several positions have no attribute: callers read 1 then.
+  m.attr("SDPA_DECODE_MAX_QUERIES") = vllm_mlx_kernels::kMaxDecodeQueries;
   m.def("sdpa_prefill", &vllm_mlx_kernels::sdpa_prefill, "q"_a, "k"_a, "v"_a, "scale"_a,
         "causal"_a, "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "Fused causal / masked float32 attention for several query positions (prefill).");

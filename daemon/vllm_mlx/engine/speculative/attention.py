@@ -10,6 +10,11 @@ one-query attention over exactly the keys decoding would see at that position (t
 prefix up to it, with the same mask). Measured on the bundled model: logits identical
 bit for bit to decoding, at about the cost of one multi-query call.
 
+Where the model's attention is the CPU extension's (models/cpu/attention.py), its decode
+kernel takes all the positions in one call with exactly those bits per row
+(`attend_as_decoding`), reading each sequence's K and V once instead of once per
+position: what a verify pass at a long context is bound by.
+
 mlx_lm's model modules call `scaled_dot_product_attention` through a module global, so
 the split is installed there, only for the duration of the pass and only acting on the
 thread that asked (another engine thread running a model of the same architecture
@@ -25,6 +30,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import mlx.core as mx
+
+from vllm_mlx.models.cpu import attention as cpu_attention
 
 _NAME = "scaled_dot_product_attention"
 Attention = Callable[..., mx.array]
@@ -45,6 +52,12 @@ def _split(inner: Attention) -> Attention:
         rows = queries.shape[2] if queries.ndim == 4 else 1
         if not _splitting() or rows == 1 or args or not isinstance(mask, mx.array):
             return inner(queries, keys, values, *args, **kw)
+        if inner is cpu_attention.scaled_dot_product_attention and kw.get("sinks") is None:
+            whole = cpu_attention.attend_as_decoding(
+                queries, keys, values, kw.get("cache"), kw["scale"], mask
+            )
+            if whole is not None:
+                return whole
         total = keys.shape[2]  # the last `rows` keys are this pass's own positions
         outs = []
         for j in range(rows):

@@ -49,6 +49,11 @@ _fused_prefill = True  # off: MLX's products around `softmax_prefill` (benchmark
 # Below this many queries the fused kernel's 64 query lanes are mostly padding and the
 # BLAS products around `softmax_prefill` are faster (measured: docs/benchmarks.md).
 FUSED_MIN_QUERIES = 32
+# A prefill chunk of at most this many queries (a paced chunk beside decoding streams, a
+# draft's check) goes to the decode kernel: one pass over K and V in place, 1.0-1.7x the
+# BLAS products at 128-4,096 keys; at 6-8 queries BLAS's register tiles win back
+# (docs/benchmarks.md, round 14).
+SHORT_CHUNK_QUERIES = 4
 # The instruction sets with the fused kernel's register tiles. Its portable loops (scalar
 # x86, arm64) run at half the speed of the BLAS path on x86, and are unmeasured on arm64.
 _FUSED_ISAS = ("avx512", "avx2")
@@ -64,10 +69,12 @@ def use_fused_prefill(on: bool) -> None:
     _fused_prefill = on
 
 
-def _decodes(queries: mx.array, keys: mx.array, values: mx.array, cache: Any) -> bool:
+def _decodes(
+    queries: mx.array, keys: mx.array, values: mx.array, cache: Any, positions: int = 1
+) -> bool:
     return (
         queries.ndim == 4
-        and queries.shape[2] == 1
+        and 1 <= queries.shape[2] <= positions
         and queries.dtype == mx.float32
         and keys.dtype == mx.float32
         and values.dtype == mx.float32
@@ -142,14 +149,15 @@ def scaled_dot_product_attention(
     """mlx_lm.models.base's function, with the decode case in the extension."""
     if hasattr(cache, "bits"):  # a quantized KV cache: K and V are (words, scales, biases)
         return _ORIGINAL(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
-    if (
-        sinks is None
-        and (mask is None or isinstance(mask, mx.array))
-        and _decodes(queries, keys, values, cache)
-    ):
-        return qmm.extension().sdpa_decode(  # type: ignore[no-any-return]
-            queries, keys, values, scale, mask
-        )
+    if sinks is None and _decodes(queries, keys, values, cache, _decode_kernel_queries()):
+        causal = isinstance(mask, str) and mask == "causal"
+        if causal and queries.shape[2] == 1:  # one query sees every key
+            mask, causal = None, False
+        ext = qmm.extension()
+        if mask is None or isinstance(mask, mx.array):
+            return ext.sdpa_decode(queries, keys, values, scale, mask)  # type: ignore[no-any-return]
+        if causal:
+            return ext.sdpa_decode(queries, keys, values, scale, causal=True)  # type: ignore[no-any-return]
     if (
         sinks is None
         and _prefill_kernel
@@ -160,11 +168,45 @@ def scaled_dot_product_attention(
     return _ORIGINAL(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
 
+def attend_as_decoding(
+    queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float, mask: Any
+) -> mx.array | None:
+    """Several query positions in one call whose every row has exactly the bits of this
+    module's one-position (decode) call over the keys that row's mask lets it see, or None
+    where that does not hold (another dtype or device, a quantized cache, no array mask,
+    more positions than the kernel takes, an extension without it).
+
+    The decode kernel computes each row alone: the scores of the keys its mask excludes
+    become exact zeros after the softmax, and a zero adds nothing to the lane sums or to
+    P.V. A speculative verify pass (engine/speculative/attention.py) reads each sequence's
+    K and V once this way, instead of once per position."""
+    if not (
+        isinstance(mask, mx.array)
+        and mask.ndim == 4
+        and available()
+        and _decodes(queries, keys, values, cache, decode_kernel_positions())
+    ):
+        return None
+    rows: mx.array = qmm.extension().sdpa_decode(queries, keys, values, scale, mask)
+    return rows
+
+
 def _model_modules(model: Any) -> list[Any]:
     names = {type(model).__module__}
     names.update(type(m).__module__ for _, m in model.named_modules())
     mods = [sys.modules.get(name) for name in sorted(names) if name.startswith("mlx_lm.")]
     return [mod for mod in mods if mod is not None]
+
+
+def _decode_kernel_queries() -> int:
+    """The most queries a call routes to the decode kernel: 1 (decode) with the prefill
+    kernels switched off."""
+    return min(SHORT_CHUNK_QUERIES, decode_kernel_positions()) if _prefill_kernel else 1
+
+
+def decode_kernel_positions() -> int:
+    """The most query positions one call of the decode kernel takes (1 in older builds)."""
+    return int(getattr(qmm.extension(), "SDPA_DECODE_MAX_QUERIES", 1))
 
 
 def available() -> bool:
