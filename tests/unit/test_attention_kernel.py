@@ -386,3 +386,22 @@ def test_attend_as_decoding_is_one_call_with_each_positions_decode_bits() -> Non
     assert attention.attend_as_decoding(q.astype(mx.float16), k, v, None, 0.125, mask) is None
     wide = mx.concatenate([q] * 11, axis=2)  # 66 positions: more than the kernel takes
     assert attention.attend_as_decoding(wide, k, v, None, 0.125, mask) is None
+
+
+@pytest.mark.parametrize("pad", [1, 5, 16, 37])
+def test_left_padding_leaves_a_rows_bits_as_alone(isa: str, pad: int) -> None:
+    """A row behind `pad` positions its bool mask excludes (a batch cache's left padding,
+    a row moved right by a speculative rewind) gets the bits it gets alone."""
+    q, k, v = qkv(1, 9, 3, 64, 150, seed=pad)
+    junk = mx.random.normal((1, 3, pad, 64), key=mx.random.key(99))
+    keep = mx.concatenate([mx.zeros((pad,), mx.bool_), mx.ones((150,), mx.bool_)])
+    ext = qmm.extension()
+    alone = ext.sdpa_decode(q, k, v, 0.125)
+    padded = ext.sdpa_decode(
+        q,
+        mx.concatenate([junk, k], axis=2),
+        mx.concatenate([junk, v], axis=2),
+        0.125,
+        keep.reshape(1, 1, 1, -1),
+    )
+    assert same_bits(padded, alone)

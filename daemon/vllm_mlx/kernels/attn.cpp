@@ -62,6 +62,51 @@ View view_of(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
           std::move(packed.fill)};
 }
 
+// The mask broadcast to (B, Hq, M, T) (zero strides, no copy), bool or as float32.
+void add_mask(std::vector<mx::array>& inputs, const std::optional<mx::array>& mask,
+              const mx::Shape& shape, const char* op, mx::StreamOrDevice s) {
+  if (!mask) {
+    return;
+  }
+  auto m = mask->dtype() == mx::bool_ ? *mask : mx::astype(*mask, mx::float32, s);
+  try {
+    inputs.push_back(mx::broadcast_to(m, shape, s));
+  } catch (const std::invalid_argument&) {
+    std::ostringstream msg;
+    msg << "vllm_mlx " << op << ": the mask must broadcast to (" << shape[0] << ", " << shape[1]
+        << ", " << shape[2] << ", " << shape[3] << ")";
+    throw std::invalid_argument(msg.str());
+  }
+}
+
+// A 4-D array's rows as the kernel reads them: in place when the last dimension is
+// contiguous (the cache slices always are), else a packed copy that `fill` makes in the
+// task (the input's contents exist only then).
+template <typename T>
+struct Rows {
+  const T* data;
+  int64_t strides[3];
+  std::function<void()> fill; // empty when read in place
+};
+
+template <typename T>
+Rows<T> rows_of(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
+  const auto& st = a.strides();
+  if (st[3] == 1 || a.shape(3) == 1) {
+    return {a.data<T>(), {st[0], st[1], st[2]}, {}};
+  }
+  auto packed = mx::array(a.shape(), a.dtype(), nullptr, {});
+  packed.set_data(mx::allocator::malloc(packed.nbytes()));
+  encoder.add_temporary(packed);
+  T* dst = packed.data<T>();
+  int64_t inner = a.shape(3);
+  return {dst,
+          {a.shape(1) * a.shape(2) * inner, a.shape(2) * inner, inner},
+          [src = a.data<T>(), shape = a.shape(), strides = a.strides(), dst]() {
+            gather_strided(src, shape, strides, dst);
+          }};
+}
+
 // Strided inputs (never the cache's) are packed in the task, once their contents exist.
 void fill_all(const View& q, const View& k, const View& v) {
   for (const View* w : {&q, &k, &v}) {
@@ -83,17 +128,7 @@ mx::array sdpa_decode(const mx::array& q, const mx::array& k, const mx::array& v
   int B = q.shape(0), Hq = q.shape(1), M = q.shape(2), T = k.shape(2);
   // No copies of the cache: K and V are read through their strides (see View).
   std::vector<mx::array> inputs{q, k, v};
-  if (mask) {
-    auto m = mask->dtype() == mx::bool_ ? *mask : mx::astype(*mask, mx::float32, s);
-    try {
-      inputs.push_back(mx::broadcast_to(m, {B, Hq, M, T}, s)); // zero strides, no copy
-    } catch (const std::invalid_argument&) {
-      std::ostringstream msg;
-      msg << "vllm_mlx sdpa_decode: the mask must broadcast to (" << B << ", " << Hq << ", "
-          << M << ", " << T << ")";
-      throw std::invalid_argument(msg.str());
-    }
-  }
+  add_mask(inputs, mask, {B, Hq, M, T}, "sdpa_decode", s);
   return mx::array({B, Hq, M, v.shape(3)}, mx::float32,
                    std::make_shared<DecodeAttention>(stream, scale, causal), inputs);
 }
@@ -105,6 +140,10 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     encoder.set_input_array(a);
   }
   encoder.set_output_array(out);
+  if (bits_ != 0) {
+    eval_quantized(inputs, out);
+    return;
+  }
   const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
   View qv = view_of(q, encoder), kv = view_of(k, encoder), vv = view_of(v, encoder);
   AttnProblem p{};
@@ -207,6 +246,113 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
   encoder.dispatch([p, qv, kv, vv]() {
     fill_all(qv, kv, vv);
     sdpa_prefill(p);
+  });
+}
+
+mx::array sdpa_decode_quantized(const mx::array& q, const std::vector<mx::array>& k,
+                                const std::vector<mx::array>& v, float scale, int group_size,
+                                int bits, const std::optional<mx::array>& mask, bool causal,
+                                mx::StreamOrDevice s) {
+  std::ostringstream msg;
+  auto triple_ok = [&](const std::vector<mx::array>& t) {
+    return t.size() == 3 && t[0].dtype() == mx::uint32 && t[1].dtype() == mx::float32 &&
+           t[2].dtype() == mx::float32 && t[0].ndim() == 4 && t[1].ndim() == 4 &&
+           t[2].ndim() == 4 && t[1].shape() == t[2].shape() &&
+           t[0].shape(0) == t[1].shape(0) && t[0].shape(1) == t[1].shape(1) &&
+           t[0].shape(2) == t[1].shape(2);
+  };
+  if (bits != 4 && bits != 8) {
+    msg << "bits must be 4 or 8, not " << bits;
+  } else if (group_size != 32 && group_size != 64 && group_size != 128) {
+    msg << "group_size must be 32, 64 or 128, not " << group_size;
+  } else if (q.dtype() != mx::float32 || q.ndim() != 4) {
+    msg << "q must be 4-D float32 (batch, heads, positions, head dim)";
+  } else if (q.shape(2) < 1 || q.shape(2) > kMaxDecodeQueries) {
+    msg << "q must have 1 to " << kMaxDecodeQueries << " positions, not " << q.shape(2);
+  } else if (!triple_ok(k) || !triple_ok(v)) {
+    msg << "k and v must each be (uint32 words, float32 scales, float32 biases), 4-D, "
+        << "one (batch, heads, positions)";
+  } else if (k[0].shape(0) != q.shape(0) || v[0].shape(0) != q.shape(0)) {
+    msg << "q, k and v must have one batch size";
+  } else if (k[0].shape(1) != v[0].shape(1) || q.shape(1) % k[0].shape(1) != 0) {
+    msg << "k and v must have one head count that divides q's (" << q.shape(1) << ")";
+  } else if (k[0].shape(2) != v[0].shape(2) || k[0].shape(2) < 1) {
+    msg << "k and v must have one length of at least 1";
+  } else if (static_cast<int64_t>(k[0].shape(3)) * 32 / bits != q.shape(3) ||
+             q.shape(3) % group_size != 0 || k[1].shape(3) != q.shape(3) / group_size) {
+    msg << "k's words, scales and biases must hold q's head dim (" << q.shape(3) << ") at "
+        << bits << " bits in groups of " << group_size;
+  } else if (v[0].shape(3) < 1 || (v[0].shape(3) * 32 / bits) % group_size != 0 ||
+             v[1].shape(3) != v[0].shape(3) * 32 / bits / group_size) {
+    msg << "v's words, scales and biases must hold whole groups of " << group_size;
+  } else if (mask && mask->dtype() != mx::bool_ && !mx::issubdtype(mask->dtype(), mx::floating)) {
+    msg << "mask must be bool or floating point";
+  } else if (mask && causal) {
+    msg << "a mask and causal exclude each other (MLX takes one or the other)";
+  }
+  if (!msg.str().empty()) {
+    throw std::invalid_argument("vllm_mlx sdpa_decode_quantized: " + msg.str());
+  }
+  auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    throw std::invalid_argument("vllm_mlx sdpa_decode_quantized runs on the CPU only");
+  }
+  int B = q.shape(0), Hq = q.shape(1), M = q.shape(2), T = k[0].shape(2);
+  int Dv = v[0].shape(3) * 32 / bits;
+  std::vector<mx::array> inputs{q, k[0], k[1], k[2], v[0], v[1], v[2]};
+  add_mask(inputs, mask, {B, Hq, M, T}, "sdpa_decode_quantized", s);
+  return mx::array({B, Hq, M, Dv}, mx::float32,
+                   std::make_shared<DecodeAttention>(stream, scale, causal, bits, group_size),
+                   inputs);
+}
+
+void DecodeAttention::eval_quantized(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  const auto& q = inputs[0];
+  View qv = view_of(q, encoder);
+  auto kw = rows_of<uint32_t>(inputs[1], encoder), vw = rows_of<uint32_t>(inputs[4], encoder);
+  auto ks = rows_of<float>(inputs[2], encoder), kb = rows_of<float>(inputs[3], encoder);
+  auto vs = rows_of<float>(inputs[5], encoder), vb = rows_of<float>(inputs[6], encoder);
+  AttnProblem p{};
+  p.q = qv.data;
+  std::copy(qv.strides, qv.strides + 3, p.q_strides);
+  p.kq = {kw.data, {kw.strides[0], kw.strides[1], kw.strides[2]},
+          ks.data, {ks.strides[0], ks.strides[1], ks.strides[2]},
+          kb.data, {kb.strides[0], kb.strides[1], kb.strides[2]}};
+  p.vq = {vw.data, {vw.strides[0], vw.strides[1], vw.strides[2]},
+          vs.data, {vs.strides[0], vs.strides[1], vs.strides[2]},
+          vb.data, {vb.strides[0], vb.strides[1], vb.strides[2]}};
+  p.mask_kind = MaskKind::none;
+  if (inputs.size() > 7) {
+    const auto& m = inputs[7];
+    p.mask = m.data<void>();
+    std::copy(m.strides().begin(), m.strides().end(), p.mask_strides);
+    p.mask_kind = m.dtype() == mx::bool_ ? MaskKind::boolean : MaskKind::additive;
+  }
+  p.causal = causal_;
+  p.out = out.data<float>();
+  p.B = q.shape(0);
+  p.Hq = q.shape(1);
+  p.Hkv = inputs[1].shape(1);
+  p.M = q.shape(2);
+  p.T = inputs[1].shape(2);
+  p.D = q.shape(3);
+  p.Dv = out.shape(3);
+  p.scale = scale_;
+  p.bits = bits_;
+  p.group_size = group_size_;
+  encoder.dispatch([p, qv, kw, ks, kb, vw, vs, vb]() {
+    for (const auto* fill : {&qv.fill, &ks.fill, &kb.fill, &vs.fill, &vb.fill}) {
+      if (*fill) {
+        (*fill)();
+      }
+    }
+    for (const auto* fill : {&kw.fill, &vw.fill}) {
+      if (*fill) {
+        (*fill)();
+      }
+    }
+    sdpa_decode(p);
   });
 }
 

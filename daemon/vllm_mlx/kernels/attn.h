@@ -28,6 +28,22 @@ mx::array sdpa_decode(
     bool causal = false,
     mx::StreamOrDevice s = {});
 
+// sdpa_decode over a quantized KV cache, read in place: k and v are MLX's affine triples
+// (uint32 words (B, Hkv, T, D * bits / 32), float32 scales and biases (B, Hkv, T, D /
+// group_size)) as mlx-lm's QuantizedKVCache keeps them; bits 4 or 8, group_size 32, 64 or
+// 128. q, mask and causal as sdpa_decode's. What mlx_lm's
+// quantized_scaled_dot_product_attention computes with MLX's CPU quantized matmul.
+mx::array sdpa_decode_quantized(
+    const mx::array& q,
+    const std::vector<mx::array>& k,
+    const std::vector<mx::array>& v,
+    float scale,
+    int group_size,
+    int bits,
+    const std::optional<mx::array>& mask = std::nullopt,
+    bool causal = false,
+    mx::StreamOrDevice s = {});
+
 // softmax over the last axis of float32 prefill scores (B, Hkv, R, L) where row r's query
 // position is r % M (grouped heads stacked along R); `causal` excludes keys after the
 // query, `mask` (bool (B or 1, 1, M, L); false: excluded) too. Returns a new array.
@@ -96,8 +112,13 @@ class PrefillSoftmax : public mx::UnaryPrimitive {
 
 class DecodeAttention : public mx::UnaryPrimitive {
  public:
-  DecodeAttention(mx::Stream stream, float scale, bool causal)
-      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal) {}
+  // bits 0: float32 K and V; 4 or 8: quantized triples (sdpa_decode_quantized).
+  DecodeAttention(mx::Stream stream, float scale, bool causal, int bits = 0, int group_size = 0)
+      : mx::UnaryPrimitive(stream),
+        scale_(scale),
+        causal_(causal),
+        bits_(bits),
+        group_size_(group_size) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -107,12 +128,17 @@ class DecodeAttention : public mx::UnaryPrimitive {
   }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const DecodeAttention&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_;
+    return scale_ == o.scale_ && causal_ == o.causal_ && bits_ == o.bits_ &&
+           group_size_ == o.group_size_;
   }
 
  private:
+  void eval_quantized(const std::vector<mx::array>& inputs, mx::array& out);
+
   float scale_;
   bool causal_;
+  int bits_;
+  int group_size_;
 };
 
 } // namespace vllm_mlx_kernels

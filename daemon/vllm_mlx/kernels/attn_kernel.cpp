@@ -30,14 +30,15 @@ namespace {
 constexpr int kBlock = 4; // query heads per pass over K and V (registers: see the PV loops)
 constexpr int kLanes = 16; // partial sums and maxima of the softmax, combined in one order
 
-// scores[j * T + t] for j < ng; and out[j * Dv + d] += sum_t p[j * T + t] * v[t][d].
+// scores[j * sst + t] for j < ng, t < T; and out[j * Dv + d] = sum_t p[j * sst + t] *
+// v[t][d] (with `add`: out += that, the partial sums of earlier positions' blocks).
 using ScoresFn = void (*)(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
-                          float* s);
-using PvFn = void (*)(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv,
-                      float* out);
+                          float* s, int64_t sst);
+using PvFn = void (*)(const float* pr, int64_t sst, int ng, int T, const float* v, int64_t vst,
+                      int Dv, float* out, bool add);
 
 void scores_scalar(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
-                   float* s) {
+                   float* s, int64_t sst) {
   for (int t = 0; t < T; ++t) {
     const float* kr = k + t * kst;
     for (int j = 0; j < ng; ++j) {
@@ -45,21 +46,40 @@ void scores_scalar(const float* qs, int ng, int D, const float* k, int64_t kst, 
       for (int d = 0; d < D; ++d) {
         acc += qs[j * D + d] * kr[d];
       }
-      s[j * T + t] = acc;
+      s[j * sst + t] = acc;
     }
   }
 }
 
-void pv_scalar(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv, float* out) {
-  std::fill(out, out + ng * Dv, 0.0f);
+void pv_scalar(const float* pr, int64_t sst, int ng, int T, const float* v, int64_t vst, int Dv,
+               float* out, bool add) {
+  if (!add) {
+    std::fill(out, out + ng * Dv, 0.0f);
+  }
   for (int t = 0; t < T; ++t) {
     const float* vr = v + t * vst;
     for (int j = 0; j < ng; ++j) {
-      float pj = pr[j * T + t];
+      float pj = pr[j * sst + t];
       for (int d = 0; d < Dv; ++d) {
         out[j * Dv + d] += pj * vr[d];
       }
     }
+  }
+}
+
+// One position's row of a quantized K or V: out[i] = scale * q + bias, no fused
+// multiply-add (MLX's dequantize), so every instruction set writes the same floats.
+using DequantFn = void (*)(const uint32_t* w, const float* scales, const float* biases, int D,
+                           int group_size, int bits, float* out);
+
+void dequant_scalar(const uint32_t* w, const float* scales, const float* biases, int D,
+                    int group_size, int bits, float* out) {
+  const int per_word = 32 / bits;
+  const uint32_t low = (1u << bits) - 1;
+  for (int i = 0; i < D; ++i) {
+    uint32_t q = (w[i / per_word] >> ((i % per_word) * bits)) & low;
+    float scaled = scales[i / group_size] * static_cast<float>(q);
+    out[i] = scaled + biases[i / group_size];
   }
 }
 
@@ -75,7 +95,7 @@ AVX512 inline __mmask16 mask16(int n) { // the first min(max(n, 0), 16) lanes
 
 template <int NG>
 AVX512 void scores_avx512_n(const float* qs, int D, const float* k, int64_t kst, int T,
-                            float* s) {
+                            float* s, int64_t sst) {
   for (int t = 0; t < T; ++t) {
     const float* kr = k + t * kst;
     __m512 acc[NG];
@@ -90,22 +110,23 @@ AVX512 void scores_avx512_n(const float* qs, int D, const float* k, int64_t kst,
       }
     }
     for (int j = 0; j < NG; ++j) {
-      s[j * T + t] = _mm512_reduce_add_ps(acc[j]);
+      s[j * sst + t] = _mm512_reduce_add_ps(acc[j]);
     }
   }
 }
 
 // 4 vectors of V per pass: NG x 4 accumulators + 4 loads fit the 32 zmm registers.
 template <int NG>
-AVX512 void pv_avx512_n(const float* pr, int T, const float* v, int64_t vst, int Dv,
-                        float* out) {
+AVX512 void pv_avx512_n(const float* pr, int64_t sst, int T, const float* v, int64_t vst,
+                        int Dv, float* out, bool add) {
   for (int c = 0; c < Dv; c += 64) {
     __mmask16 m[4];
     __m512 acc[NG][4];
     for (int i = 0; i < 4; ++i) {
       m[i] = mask16(Dv - c - 16 * i);
       for (int j = 0; j < NG; ++j) {
-        acc[j][i] = _mm512_setzero_ps();
+        acc[j][i] = add ? _mm512_maskz_loadu_ps(m[i], out + j * Dv + c + 16 * i)
+                        : _mm512_setzero_ps();
       }
     }
     for (int t = 0; t < T; ++t) {
@@ -115,7 +136,7 @@ AVX512 void pv_avx512_n(const float* pr, int T, const float* v, int64_t vst, int
         vv[i] = _mm512_maskz_loadu_ps(m[i], vr + 16 * i);
       }
       for (int j = 0; j < NG; ++j) {
-        __m512 pj = _mm512_set1_ps(pr[j * T + t]);
+        __m512 pj = _mm512_set1_ps(pr[j * sst + t]);
         for (int i = 0; i < 4; ++i) {
           acc[j][i] = _mm512_fmadd_ps(pj, vv[i], acc[j][i]);
         }
@@ -141,7 +162,8 @@ AVX2 inline float sum8(__m256 x) { // one fixed order
 }
 
 template <int NG>
-AVX2 void scores_avx2_n(const float* qs, int D, const float* k, int64_t kst, int T, float* s) {
+AVX2 void scores_avx2_n(const float* qs, int D, const float* k, int64_t kst, int T, float* s,
+                       int64_t sst) {
   for (int t = 0; t < T; ++t) {
     const float* kr = k + t * kst;
     __m256 acc[NG];
@@ -156,26 +178,32 @@ AVX2 void scores_avx2_n(const float* qs, int D, const float* k, int64_t kst, int
       }
     }
     for (int j = 0; j < NG; ++j) {
-      s[j * T + t] = sum8(acc[j]);
+      s[j * sst + t] = sum8(acc[j]);
     }
   }
 }
 
 // 2 vectors of V per pass: NG x 2 accumulators + 2 loads stay within the 16 ymm registers.
 template <int NG>
-AVX2 void pv_avx2_n(const float* pr, int T, const float* v, int64_t vst, int Dv, float* out) {
+AVX2 void pv_avx2_n(const float* pr, int64_t sst, int T, const float* v, int64_t vst, int Dv,
+                   float* out, bool add) {
   for (int c = 0; c < Dv; c += 16) {
     __m256i m[2] = {mask8(Dv - c), mask8(Dv - c - 8)};
     __m256 acc[NG][2];
     for (int j = 0; j < NG; ++j) {
-      acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+      if (add) {
+        acc[j][0] = _mm256_maskload_ps(out + j * Dv + c, m[0]);
+        acc[j][1] = _mm256_maskload_ps(out + j * Dv + c + 8, m[1]);
+      } else {
+        acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+      }
     }
     for (int t = 0; t < T; ++t) {
       const float* vr = v + t * vst + c;
       __m256 v0 = _mm256_maskload_ps(vr, m[0]);
       __m256 v1 = _mm256_maskload_ps(vr + 8, m[1]);
       for (int j = 0; j < NG; ++j) {
-        __m256 pj = _mm256_set1_ps(pr[j * T + t]);
+        __m256 pj = _mm256_set1_ps(pr[j * sst + t]);
         acc[j][0] = _mm256_fmadd_ps(pj, v0, acc[j][0]);
         acc[j][1] = _mm256_fmadd_ps(pj, v1, acc[j][1]);
       }
@@ -185,6 +213,33 @@ AVX2 void pv_avx2_n(const float* pr, int T, const float* v, int64_t vst, int Dv,
       _mm256_maskstore_ps(out + j * Dv + c + 8, m[1], acc[j][1]);
     }
   }
+}
+
+// 8 elements at a time (D and the group size are multiples of 8).
+AVX2 void dequant_avx2(const uint32_t* w, const float* scales, const float* biases, int D,
+                       int group_size, int bits, float* out) {
+  if (bits == 8) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(w); // little-endian: element i
+    for (int i = 0; i < D; i += 8) {
+      __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + i));
+      __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(raw));
+      __m256 scaled = _mm256_mul_ps(_mm256_set1_ps(scales[i / group_size]), q);
+      _mm256_storeu_ps(out + i, _mm256_add_ps(scaled, _mm256_set1_ps(biases[i / group_size])));
+    }
+    return;
+  }
+  if (bits == 4) {
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i low = _mm256_set1_epi32(0xF);
+    for (int i = 0; i < D; i += 8) {
+      __m256i word = _mm256_set1_epi32(static_cast<int>(w[i / 8]));
+      __m256 q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(word, shifts), low));
+      __m256 scaled = _mm256_mul_ps(_mm256_set1_ps(scales[i / group_size]), q);
+      _mm256_storeu_ps(out + i, _mm256_add_ps(scaled, _mm256_set1_ps(biases[i / group_size])));
+    }
+    return;
+  }
+  dequant_scalar(w, scales, biases, D, group_size, bits, out);
 }
 
 // The block size is a template argument so the accumulators live in registers.
@@ -197,18 +252,20 @@ AVX2 void pv_avx2_n(const float* pr, int T, const float* v, int64_t vst, int Dv,
   }
 
 void scores_avx512(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
-                   float* s) {
-  BY_BLOCK(scores_avx512_n, ng, qs, D, k, kst, T, s)
+                   float* s, int64_t sst) {
+  BY_BLOCK(scores_avx512_n, ng, qs, D, k, kst, T, s, sst)
 }
-void pv_avx512(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv, float* o) {
-  BY_BLOCK(pv_avx512_n, ng, pr, T, v, vst, Dv, o)
+void pv_avx512(const float* pr, int64_t sst, int ng, int T, const float* v, int64_t vst, int Dv,
+               float* o, bool add) {
+  BY_BLOCK(pv_avx512_n, ng, pr, sst, T, v, vst, Dv, o, add)
 }
-void scores_avx2(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
-                 float* s) {
-  BY_BLOCK(scores_avx2_n, ng, qs, D, k, kst, T, s)
+void scores_avx2(const float* qs, int ng, int D, const float* k, int64_t kst, int T, float* s,
+                 int64_t sst) {
+  BY_BLOCK(scores_avx2_n, ng, qs, D, k, kst, T, s, sst)
 }
-void pv_avx2(const float* pr, int ng, int T, const float* v, int64_t vst, int Dv, float* o) {
-  BY_BLOCK(pv_avx2_n, ng, pr, T, v, vst, Dv, o)
+void pv_avx2(const float* pr, int64_t sst, int ng, int T, const float* v, int64_t vst, int Dv,
+             float* o, bool add) {
+  BY_BLOCK(pv_avx2_n, ng, pr, sst, T, v, vst, Dv, o, add)
 }
 
 #endif
@@ -229,6 +286,21 @@ void apply_mask(const AttnProblem& p, int b, int h, int m, int valid, float* s) 
       s[t] += add[t * st];
     }
   }
+}
+
+// The first key a bool mask keeps for this row, or 0 when it keeps none before `valid`
+// (then, as MLX, the softmax of equal minima over them all).
+int first_kept(const AttnProblem& p, int b, int h, int m, int valid) {
+  if (p.mask_kind != MaskKind::boolean) {
+    return 0;
+  }
+  const bool* keep = static_cast<const bool*>(p.mask) + b * p.mask_strides[0] +
+                     h * p.mask_strides[1] + m * p.mask_strides[2];
+  int first = 0;
+  while (first < valid && !keep[first * p.mask_strides[3]]) {
+    ++first;
+  }
+  return first == valid ? 0 : first;
 }
 
 // Lane-wise partial maxima and sums (plain loops the compiler vectorizes without
@@ -264,19 +336,37 @@ void softmax(float* s, int T) {
 struct Kernels {
   ScoresFn scores;
   PvFn pv;
+  DequantFn dequant;
 };
 
 Kernels kernels() {
 #if defined(__x86_64__)
   const char* name = isa();
   if (std::strcmp(name, "avx512") == 0) {
-    return {scores_avx512, pv_avx512};
+    return {scores_avx512, pv_avx512, dequant_avx2};
   }
   if (std::strcmp(name, "avx2") == 0) {
-    return {scores_avx2, pv_avx2};
+    return {scores_avx2, pv_avx2, dequant_avx2};
   }
 #endif
-  return {scores_scalar, pv_scalar};
+  return {scores_scalar, pv_scalar, dequant_scalar};
+}
+
+constexpr int kPositions = 64; // positions of a quantized K or V dequantized at a time
+
+// Rows [t0, t0 + n) of sequence b, KV head kh into out ([n][D], row-major).
+void dequant_rows(const QuantizedRows& rows, const Kernels& kern, int b, int kh, int t0, int n,
+                  int D, const AttnProblem& p, float* out) {
+  for (int i = 0; i < n; ++i) {
+    const int64_t t = t0 + i;
+    const uint32_t* w = rows.words + b * rows.words_strides[0] + kh * rows.words_strides[1] +
+                        t * rows.words_strides[2];
+    const float* sc = rows.scales + b * rows.scales_strides[0] + kh * rows.scales_strides[1] +
+                      t * rows.scales_strides[2];
+    const float* bi = rows.biases + b * rows.biases_strides[0] + kh * rows.biases_strides[1] +
+                      t * rows.biases_strides[2];
+    kern.dequant(w, sc, bi, D, p.group_size, p.bits, out + static_cast<size_t>(i) * D);
+  }
 }
 
 // One (sequence b, KV head kh): its G query heads x M positions, rows r = g * M + m (the
@@ -284,10 +374,13 @@ Kernels kernels() {
 void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
   const int G = p.Hq / p.Hkv;
   const int R = G * p.M;
+  const bool quantized = p.bits != 0;
   thread_local std::vector<float> scratch; // per thread: workers get their own
-  scratch.resize(static_cast<size_t>(R) * (p.D + p.T));
+  scratch.resize(static_cast<size_t>(R) * (p.D + p.T) +
+                 (quantized ? static_cast<size_t>(kPositions) * std::max(p.D, p.Dv) : 0));
   float* qs = scratch.data();
   float* s = qs + static_cast<size_t>(R) * p.D;
+  float* rows = s + static_cast<size_t>(R) * p.T; // a block of dequantized K or V
   for (int r = 0; r < R; ++r) {
     const float* qr = p.q + b * p.q_strides[0] + (kh * G + r / p.M) * p.q_strides[1] +
                       (r % p.M) * p.q_strides[2];
@@ -295,11 +388,22 @@ void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
       qs[r * p.D + d] = qr[d] * p.scale;
     }
   }
-  const float* k = p.k + b * p.k_strides[0] + kh * p.k_strides[1];
-  const float* v = p.v + b * p.v_strides[0] + kh * p.v_strides[1];
-  for (int r = 0; r < R; r += kBlock) {
-    kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, k, p.k_strides[2], p.T,
-                s + static_cast<size_t>(r) * p.T);
+  const float* k = quantized ? nullptr : p.k + b * p.k_strides[0] + kh * p.k_strides[1];
+  const float* v = quantized ? nullptr : p.v + b * p.v_strides[0] + kh * p.v_strides[1];
+  if (!quantized) {
+    for (int r = 0; r < R; r += kBlock) {
+      kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, k, p.k_strides[2], p.T,
+                  s + static_cast<size_t>(r) * p.T, p.T);
+    }
+  } else {
+    for (int t0 = 0; t0 < p.T; t0 += kPositions) {
+      const int n = std::min(kPositions, p.T - t0);
+      dequant_rows(p.kq, kern, b, kh, t0, n, p.D, p, rows);
+      for (int r = 0; r < R; r += kBlock) {
+        kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, rows, p.D, n,
+                    s + static_cast<size_t>(r) * p.T + t0, p.T);
+      }
+    }
   }
   for (int r = 0; r < R; ++r) {
     const int m = r % p.M;
@@ -312,13 +416,30 @@ void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
       continue;
     }
     apply_mask(p, b, kh * G + r / p.M, m, valid, row);
-    softmax(row, valid);
+    // A batch cache's left padding: the keys before the row's first kept one are left out
+    // of the softmax (they would add exact zeros), so its 16 lanes count from that key and
+    // the row's sums run as they do for the sequence alone: bit for bit, whatever the
+    // padding (rows join, leave and are moved right in a batch).
+    const int first = first_kept(p, b, kh * G + r / p.M, m, valid);
+    softmax(row + first, valid - first);
+    std::fill(row, row + first, 0.0f);
     std::fill(row + valid, row + p.T, 0.0f);
   }
   float* out = p.out + (static_cast<size_t>(b) * p.Hq + kh * G) * p.M * p.Dv;
-  for (int r = 0; r < R; r += kBlock) {
-    kern.pv(s + static_cast<size_t>(r) * p.T, std::min(kBlock, R - r), p.T, v, p.v_strides[2],
-            p.Dv, out + static_cast<size_t>(r) * p.Dv);
+  if (!quantized) {
+    for (int r = 0; r < R; r += kBlock) {
+      kern.pv(s + static_cast<size_t>(r) * p.T, p.T, std::min(kBlock, R - r), p.T, v,
+              p.v_strides[2], p.Dv, out + static_cast<size_t>(r) * p.Dv, false);
+    }
+    return;
+  }
+  for (int t0 = 0; t0 < p.T; t0 += kPositions) { // sums block by block, in position order
+    const int n = std::min(kPositions, p.T - t0);
+    dequant_rows(p.vq, kern, b, kh, t0, n, p.Dv, p, rows);
+    for (int r = 0; r < R; r += kBlock) {
+      kern.pv(s + static_cast<size_t>(r) * p.T + t0, p.T, std::min(kBlock, R - r), n, rows,
+              p.Dv, p.Dv, out + static_cast<size_t>(r) * p.Dv, t0 > 0);
+    }
   }
 }
 

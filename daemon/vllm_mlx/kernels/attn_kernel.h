@@ -14,6 +14,20 @@ namespace vllm_mlx_kernels {
 
 enum class MaskKind { none, boolean, additive };
 
+// K or V as a quantized KV cache keeps them (mlx-lm's QuantizedKVCache, MLX's affine
+// format): each position's row of packed words (`bits` per element, element i at bits
+// (i % (32 / bits)) * bits of word i / (32 / bits)) and a float32 scale and bias per
+// `group_size` elements; value = scale * q + bias. Strides in elements over (batch, head,
+// position); the last dimension is contiguous.
+struct QuantizedRows {
+  const uint32_t* words;
+  int64_t words_strides[3];
+  const float* scales;
+  int64_t scales_strides[3];
+  const float* biases;
+  int64_t biases_strides[3];
+};
+
 struct AttnProblem {
   // Strides in elements over (batch, head[, position]); the last dimension is contiguous.
   // K and V are read in place: they are slices of the cache's larger buffer.
@@ -36,6 +50,12 @@ struct AttnProblem {
   int D;
   int Dv;
   float scale;
+  // A quantized cache (bits 4 or 8, group_size 32, 64 or 128): K and V are read from
+  // kq and vq instead of k and v, a block of positions dequantized at a time.
+  int bits = 0;
+  int group_size = 0;
+  QuantizedRows kq{};
+  QuantizedRows vq{};
 };
 
 // Splits (batch, KV head) pairs over the matmul's thread pool when the work is large; a

@@ -52,6 +52,10 @@ NB_MODULE(_qmm, m) {
         "mask"_a = nb::none(), nb::kw_only(), "causal"_a = false, "stream"_a = nb::none(),
         "mx.fast.scaled_dot_product_attention for 1 to 64 float32 query positions (decode, "
         "short chunks); causal: query m sees keys up to T - M + m.");
+  m.def("sdpa_decode_quantized", &vllm_mlx_kernels::sdpa_decode_quantized, "q"_a, "k"_a, "v"_a,
+        "scale"_a, "group_size"_a, "bits"_a, "mask"_a = nb::none(), nb::kw_only(),
+        "causal"_a = false, "stream"_a = nb::none(),
+        "sdpa_decode over a quantized KV cache: k and v are (words, scales, biases) triples.");
   // Builds from before several positions have no attribute: callers read 1 then.
   m.attr("SDPA_DECODE_MAX_QUERIES") = vllm_mlx_kernels::kMaxDecodeQueries;
   m.def("sdpa_prefill", &vllm_mlx_kernels::sdpa_prefill, "q"_a, "k"_a, "v"_a, "scale"_a,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -12,10 +13,27 @@ namespace vllm_mlx_kernels {
 
 namespace mx = mlx::core;
 
-// Copies a strided float array (src points at its first element) into row-major order;
-// dst holds the product of shape.
-void gather_strided(const float* src, const mx::Shape& shape, const mx::Strides& strides,
-                    float* dst);
+// Copies a strided array (src points at its first element) into row-major order; dst
+// holds the product of shape.
+template <typename T>
+void gather_strided(const T* src, const mx::Shape& shape, const mx::Strides& strides, T* dst) {
+  int nd = static_cast<int>(shape.size());
+  std::vector<int> index(nd, 0);
+  size_t total = 1;
+  for (int d : shape) {
+    total *= static_cast<size_t>(d);
+  }
+  for (size_t i = 0; i < total; ++i) {
+    int64_t at = 0;
+    for (int d = 0; d < nd; ++d) {
+      at += index[d] * strides[d];
+    }
+    dst[i] = src[at];
+    for (int d = nd - 1; d >= 0 && ++index[d] == shape[d]; --d) {
+      index[d] = 0;
+    }
+  }
+}
 
 // x's floats in row-major order, for a task dispatched from eval_cpu: x's own buffer when
 // it is row-contiguous; otherwise a buffer the encoder keeps alive, which `fill` (to run

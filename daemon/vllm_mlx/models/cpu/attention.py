@@ -7,12 +7,23 @@ tiny BLAS matmuls per head, ~10 graph nodes per layer. For the bundled model at 
 that was ~3.5 ms of a ~17 ms decode step. The extension's `sdpa_decode` computes the same
 in one node and one pass over each sequence's K and V, read in place from the cache.
 
+A quantized KV cache (`kv_cache.bits`: K and V as MLX's affine triples of words, scales
+and biases) goes to `sdpa_decode_quantized`, the same kernel reading the packed rows in
+place and unpacking 64 positions at a time into a small buffer. mlx_lm's own path for it
+is two MLX CPU quantized matmuls (plain loops): at a 4k context a decode step of the
+bundled model took 157-227 ms with it, 31-33 ms with the kernel, less than float32 K/V's
+39 ms, since a quarter (8-bit) or an eighth (4-bit) of the bytes cross the memory bus.
+
+A row's arithmetic never depends on its batch: a bool mask's leading excluded keys (a
+batch cache's left padding) are left out of the softmax's 16 lanes, so a row gets the
+bits it gets alone whatever padding its batch gives it (tests bind this, quantized too).
+
 mlx_lm's model modules call `scaled_dot_product_attention` from `mlx_lm.models.base`
 through their own module global, so swapping that global routes every attention layer of
-the model's architecture; anything but the float32 case with a causal / no / bool mask (a
-quantized KV cache, attention sinks, another mask) goes to mlx_lm's original. The sums
-run in another order than BLAS's, so outputs match MLX's to rounding, not bit for bit
-(tests/unit/test_attention_kernel.py and test_prefill_attention_kernel.py bound the error;
+the model's architecture; anything else (attention sinks, another dtype or mask) goes to
+mlx_lm's original. The sums run in another order than BLAS's, so outputs match MLX's to
+rounding, not bit for bit (tests/unit/test_attention_kernel.py, test_prefill_attention_
+kernel.py and test_quantized_attention_kernel.py bound the error;
 tests/engine/test_attention_model.py checks greedy output of the bundled model).
 
 Prefill (several query positions): MLX's fallback materialises the (heads x queries x
@@ -54,6 +65,9 @@ FUSED_MIN_QUERIES = 32
 # BLAS products at 128-4,096 keys; at 6-8 queries BLAS's register tiles win back
 # (docs/benchmarks.md, round 14).
 SHORT_CHUNK_QUERIES = 4
+# A quantized KV cache the decode kernel reads in place (MLX's affine format).
+QUANTIZED_BITS = (4, 8)
+QUANTIZED_GROUPS = (32, 64, 128)
 # The instruction sets with the fused kernel's register tiles. Its portable loops (scalar
 # x86, arm64) run at half the speed of the BLAS path on x86, and are unmeasured on arm64.
 _FUSED_ISAS = ("avx512", "avx2")
@@ -148,6 +162,8 @@ def scaled_dot_product_attention(
 ) -> mx.array:
     """mlx_lm.models.base's function, with the decode case in the extension."""
     if hasattr(cache, "bits"):  # a quantized KV cache: K and V are (words, scales, biases)
+        if sinks is None and _decodes_quantized(queries, keys, values, cache, mask):
+            return _quantized_decode(queries, keys, values, cache, scale, mask)
         return _ORIGINAL(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
     if sinks is None and _decodes(queries, keys, values, cache, _decode_kernel_queries()):
         causal = isinstance(mask, str) and mask == "causal"
@@ -166,6 +182,48 @@ def scaled_dot_product_attention(
     ):
         return _prefill_attention(queries, keys, values, scale, mask)
     return _ORIGINAL(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _decodes_quantized(queries: mx.array, keys: Any, values: Any, cache: Any, mask: Any) -> bool:
+    """A few query positions against a quantized cache of float32 scales, in bits and
+    groups the kernel reads, on the CPU, with the kernel built."""
+    masks = (
+        mask is None or isinstance(mask, mx.array) or (isinstance(mask, str) and mask == "causal")
+    )
+    triples = masks and (
+        isinstance(keys, tuple | list)
+        and isinstance(values, tuple | list)
+        and len(keys) == 3
+        and len(values) == 3
+    )
+    return (
+        triples
+        and queries.ndim == 4
+        and 1 <= queries.shape[2] <= _decode_kernel_queries()
+        and queries.dtype == mx.float32
+        and keys[1].dtype == mx.float32
+        and values[1].dtype == mx.float32
+        and getattr(cache, "bits", None) in QUANTIZED_BITS
+        and getattr(cache, "group_size", None) in QUANTIZED_GROUPS
+        and mx.default_device().type == mx.DeviceType.cpu
+        and available()
+        and hasattr(qmm.extension(), "sdpa_decode_quantized")
+    )
+
+
+def _quantized_decode(
+    queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any
+) -> mx.array:
+    causal = isinstance(mask, str) and mask == "causal"
+    if causal and queries.shape[2] == 1:
+        mask, causal = None, False
+    elif causal:
+        mask = None
+    ext = qmm.extension()
+    out: mx.array = ext.sdpa_decode_quantized(
+        queries, keys, values, scale, cache.group_size, cache.bits, mask, causal=causal
+    )
+    return out
 
 
 def attend_as_decoding(

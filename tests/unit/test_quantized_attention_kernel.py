@@ -1,0 +1,203 @@
+"""The extension's decode attention over a quantized KV cache (`kv_cache.bits`) against
+mlx_lm's quantized attention, and the swap routing a quantized cache's steps to it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import base
+from mlx_lm.models.cache import QuantizedKVCache
+
+from vllm_mlx.models.cpu import attention, qmm
+
+BUILT = attention.available() and hasattr(qmm.extension(), "sdpa_decode_quantized")
+pytestmark = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")
+TOL = 3e-5  # MLX's quantized matmuls sum in another order: rounding, never more
+Triple = tuple[mx.array, mx.array, mx.array]
+
+
+@pytest.fixture
+def threaded() -> Iterator[None]:
+    """Two threads on any work, so the pool splits even small calls."""
+    ext = qmm.extension()
+    threads, parallel_min = ext.threads(), ext.parallel_min()
+    ext.set_threads(2)
+    ext.set_parallel_min(0)
+    yield
+    ext.set_threads(threads)
+    ext.set_parallel_min(parallel_min)
+
+
+def cached(
+    b: int, hkv: int, t: int, d: int, bits: int, group: int, seed: int = 0
+) -> tuple[QuantizedKVCache, Triple, Triple]:
+    """K and V of t positions through mlx_lm's QuantizedKVCache: slices of its buffers."""
+    cache = QuantizedKVCache(group_size=group, bits=bits)
+    k = mx.random.normal((b, hkv, t, d), key=mx.random.key(seed + 1))
+    v = mx.random.normal((b, hkv, t, d), key=mx.random.key(seed + 2))
+    keys, values = cache.update_and_fetch(k, v)
+    return cache, tuple(keys), tuple(values)  # type: ignore[return-value]
+
+
+def reference(
+    q: mx.array, keys: Triple, values: Triple, mask: mx.array | str | None, bits: int, group: int
+) -> mx.array:
+    # mlx_lm scales its queries in place (`queries *= scale`): hand it a copy of q.
+    return base.quantized_scaled_dot_product_attention(
+        mx.array(q),
+        keys,
+        values,
+        0.125,
+        mask,  # type: ignore[arg-type]
+        group_size=group,
+        bits=bits,
+    )
+
+
+def close(got: mx.array, want: mx.array) -> None:
+    assert got.shape == want.shape and got.dtype == mx.float32
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=TOL, atol=TOL)
+
+
+def same_bits(got: mx.array, want: mx.array) -> bool:
+    return bool((np.array(got).view(np.uint32) == np.array(want).view(np.uint32)).all())
+
+
+SHAPES = [  # (B, Hq, Hkv, D, T): GQA 9/3 as the bundled model, MHA, MQA; T past blocks of 64
+    (1, 9, 3, 64, 1),
+    (2, 9, 3, 64, 300),
+    (3, 4, 4, 128, 77),
+    (1, 8, 1, 64, 1000),
+]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_mlx_lm_for_every_width_group_shape_and_mask(
+    isa: str, bits: int, group: int, shape: tuple[int, ...]
+) -> None:
+    b, hq, hkv, d, t = shape
+    if d % group:
+        pytest.skip("MLX quantizes whole groups")
+    _, keys, values = cached(b, hkv, t, d, bits, group, seed=t)
+    q = mx.random.normal((b, hq, 1, d), key=mx.random.key(t))
+    keep = mx.random.uniform(shape=(b, 1, 1, t), key=mx.random.key(t + 3)) > 0.3
+    ext = qmm.extension()
+    for mask in (None, keep, mx.where(keep, 0.0, -1e9)):
+        got = ext.sdpa_decode_quantized(q, keys, values, 0.125, group, bits, mask)
+        close(got, reference(q, keys, values, mask, bits, group))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_several_positions_causal_and_with_a_batch_mask(isa: str, bits: int) -> None:
+    """A short chunk at offset t - m: causal, and a left-padded batch cache's mask."""
+    m, t = 4, 150
+    _, keys, values = cached(2, 3, t, 64, bits, 64, seed=bits)
+    q = mx.random.normal((2, 9, m, 64), key=mx.random.key(9))
+    ext = qmm.extension()
+    got = ext.sdpa_decode_quantized(q, keys, values, 0.125, 64, bits, causal=True)
+    close(got, reference(q, keys, values, "causal", bits, 64))
+    mask = base.create_causal_mask(m, offset=t - m, left_padding=mx.array([0, 7]))
+    got = ext.sdpa_decode_quantized(q, keys, values, 0.125, 64, bits, mask)
+    close(got, reference(q, keys, values, mask, bits, 64))
+
+
+def test_threads_and_batch_give_each_row_the_same_bits(isa: str, threaded: None) -> None:
+    """A sequence alone (one thread) and inside a batch split over threads: bit for bit."""
+    ext = qmm.extension()
+    _, keys, values = cached(4, 3, 200, 64, 8, 32)
+    q = mx.random.normal((4, 9, 1, 64), key=mx.random.key(4))
+    batch = ext.sdpa_decode_quantized(q, keys, values, 0.125, 32, 8)
+    ext.set_threads(1)
+    for i in range(4):
+        one = tuple(x[i : i + 1] for x in keys), tuple(x[i : i + 1] for x in values)
+        alone = ext.sdpa_decode_quantized(q[i : i + 1], *one, 0.125, 32, 8)
+        assert same_bits(alone, batch[i : i + 1]), i
+
+
+def test_triples_not_contiguous_in_the_last_dimension_are_read_right() -> None:
+    _, keys, values = cached(2, 3, 40, 64, 8, 32)
+    q = mx.random.normal((2, 9, 1, 64), key=mx.random.key(1))
+
+    def strided(x: mx.array) -> mx.array:  # same contents, last-dimension stride != 1
+        return mx.swapaxes(mx.swapaxes(x, 2, 3) + mx.zeros((), dtype=x.dtype), 2, 3)
+
+    odd_k = tuple(strided(x) for x in keys)
+    odd_v = tuple(strided(x) for x in values)
+    got = qmm.extension().sdpa_decode_quantized(q, odd_k, odd_v, 0.125, 32, 8)
+    close(got, reference(q, keys, values, None, 8, 32))
+
+
+def test_bad_inputs_raise_value_errors() -> None:
+    ext = qmm.extension()
+    _, keys, values = cached(2, 3, 10, 64, 8, 32)
+    q = mx.random.normal((2, 9, 1, 64))
+    half = (keys[0], keys[1].astype(mx.float16), keys[2].astype(mx.float16))
+    bad = [
+        ((q, keys, values, 0.125, 32, 3), "bits must be 4 or 8"),
+        ((q, keys, values, 0.125, 16, 8), "group_size"),
+        ((q.astype(mx.float16), keys, values, 0.125, 32, 8), "float32"),
+        ((mx.concatenate([q] * 65, axis=2), keys, values, 0.125, 32, 8), "positions"),
+        ((q, half, values, 0.125, 32, 8), "words, float32 scales"),
+        ((q, keys[:2], values, 0.125, 32, 8), "words, float32 scales"),
+        ((q[:1], keys, values, 0.125, 32, 8), "batch size"),
+        ((q[:, :8], keys, values, 0.125, 32, 8), "divides"),
+        ((q, keys, tuple(x[..., :5, :] for x in values), 0.125, 32, 8), "length"),
+        ((q, keys, values, 0.125, 32, 4), "head dim"),  # 8-bit words read as 4-bit
+        ((q[..., :32], keys, values, 0.125, 32, 8), "head dim"),
+    ]
+    for args, message in bad:
+        with pytest.raises(ValueError, match=message):
+            ext.sdpa_decode_quantized(*args)
+    with pytest.raises(ValueError, match="broadcast"):
+        ext.sdpa_decode_quantized(q, keys, values, 0.125, 32, 8, mx.ones((2, 1, 1, 11), mx.bool_))
+    with pytest.raises(ValueError, match="exclude each other"):
+        ext.sdpa_decode_quantized(
+            q, keys, values, 0.125, 32, 8, mx.ones((2, 1, 1, 10), mx.bool_), causal=True
+        )
+
+
+def test_a_quantized_caches_steps_go_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the swapped function: decode steps and short chunks over a quantized cache
+    take the kernel; a long chunk stays on mlx_lm's quantized path."""
+    ext = qmm.extension()
+    calls: list[int] = []
+    original = ext.sdpa_decode_quantized
+
+    def counted(q: mx.array, *args: object, **kw: object) -> mx.array:
+        calls.append(q.shape[2])
+        return original(q, *args, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(ext, "sdpa_decode_quantized", counted)
+    cache, keys, values = cached(1, 3, 90, 64, 4, 64)
+    n = attention.SHORT_CHUNK_QUERIES
+    for m, mask in ((1, None), (3, "causal"), (n + 1, "causal")):
+        q = mx.random.normal((1, 9, m, 64), key=mx.random.key(m))
+        want = reference(q, keys, values, mask, 4, 64)
+        got = attention.scaled_dot_product_attention(mx.array(q), keys, values, cache, 0.125, mask)
+        close(got, want)
+    assert calls == [1, 3]
+
+
+@pytest.mark.parametrize("pad", [3, 70])
+def test_left_padding_leaves_a_rows_bits_as_alone(isa: str, pad: int) -> None:
+    """What makes a quantized row decode alike alone and in a batch (kv_cache.bits'
+    promise): positions its bool mask excludes before its first key change no bit."""
+    k = mx.random.normal((1, 3, 120, 64), key=mx.random.key(1))
+    v = mx.random.normal((1, 3, 120, 64), key=mx.random.key(2))
+    junk = mx.random.normal((1, 3, pad, 64), key=mx.random.key(3))
+    q = mx.random.normal((1, 9, 1, 64), key=mx.random.key(4))
+    keep = mx.concatenate([mx.zeros((pad,), mx.bool_), mx.ones((120,), mx.bool_)])
+    ext = qmm.extension()
+    outs = []
+    for keys, values, mask in ((k, v, None), (mx.concatenate([junk, k], axis=2),
+                                              mx.concatenate([junk, v], axis=2),
+                                              keep.reshape(1, 1, 1, -1))):  # fmt: skip
+        cache = QuantizedKVCache(group_size=64, bits=8)
+        kq, vq = cache.update_and_fetch(keys, values)
+        outs.append(ext.sdpa_decode_quantized(q, tuple(kq), tuple(vq), 0.125, 64, 8, mask))
+    assert same_bits(outs[1], outs[0])
