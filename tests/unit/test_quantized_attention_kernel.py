@@ -163,7 +163,7 @@ def test_bad_inputs_raise_value_errors() -> None:
 
 def test_a_quantized_caches_steps_go_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the swapped function: decode steps and short chunks over a quantized cache
-    take the kernel; a long chunk stays on mlx_lm's quantized path."""
+    take the decode kernel; a longer chunk does not."""
     ext = qmm.extension()
     calls: list[int] = []
     original = ext.sdpa_decode_quantized
@@ -201,3 +201,39 @@ def test_left_padding_leaves_a_rows_bits_as_alone(isa: str, pad: int) -> None:
         kq, vq = cache.update_and_fetch(keys, values)
         outs.append(ext.sdpa_decode_quantized(q, tuple(kq), tuple(vq), 0.125, 64, 8, mask))
     assert same_bits(outs[1], outs[0])
+
+
+def test_a_prefill_chunk_unpacks_the_cache_for_the_float_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chunk of more than SHORT_CHUNK_QUERIES over a quantized cache: K and V unpacked
+    on every core and the float prefill kernels (fused from FUSED_MIN_QUERIES), close to
+    mlx_lm's quantized path, causal and with a left-padded batch mask; an additive mask
+    stays on mlx_lm's path."""
+    ext = qmm.extension()
+    unpacked: list[tuple[int, ...]] = []
+    original = ext.dequantize
+
+    def counted(w: mx.array, *args: object, **kw: object) -> mx.array:
+        unpacked.append(tuple(w.shape))
+        return original(w, *args, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(ext, "dequantize", counted)
+    t = 300
+    for bits, m in ((8, 40), (4, 7)):
+        cache, keys, values = cached(2, 3, t, 64, bits, 32, seed=m)
+        q = mx.random.normal((2, 9, m, 64), key=mx.random.key(m))
+        keep = base.create_causal_mask(m, offset=t - m, left_padding=mx.array([0, 11]))
+        for mask in ("causal", keep):
+            want = reference(q, keys, values, mask, bits, 32)
+            got = attention.scaled_dot_product_attention(
+                mx.array(q), keys, values, cache, 0.125, mask
+            )
+            close(got, want)
+    assert unpacked == [(2 * 3 * t, 16)] * 4 + [(2 * 3 * t, 8)] * 4  # K, V; 2 masks; 8, 4 bits
+    cache, keys, values = cached(1, 3, 50, 64, 8, 32)
+    q = mx.random.normal((1, 9, 6, 64))
+    additive = mx.zeros((1, 1, 6, 50))
+    want = reference(q, keys, values, additive, 8, 32)
+    got = attention.scaled_dot_product_attention(mx.array(q), keys, values, cache, 0.125, additive)
+    assert same_bits(got, want)
