@@ -15,7 +15,7 @@ from tests.support.speculative import PROMPTS, chat, greedy, in_groups
 from tests.support.speculative import reference as reference_outputs
 from vllm_mlx.config.model import ModelSettings
 from vllm_mlx.config.speculative import SpeculativeSettings
-from vllm_mlx.engine.cache.rows import BatchKVCache
+from vllm_mlx.engine.cache.rows import BatchKVCache, KVQuantization
 from vllm_mlx.engine.engine import Engine
 from vllm_mlx.engine.fleet.registry import start_engine
 from vllm_mlx.engine.output import generate_text
@@ -24,6 +24,7 @@ from vllm_mlx.engine.speculative import verify
 from vllm_mlx.engine.speculative.config import SpeculativeConfig
 from vllm_mlx.engine.speculative.rewind import rewind
 from vllm_mlx.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
+from vllm_mlx.models.cpu import attention, qmm
 
 # position_cost 0: every proposal is checked, in batches too (the default plan skips
 # passes it expects to cost more than they save), so every rewind path runs.
@@ -230,3 +231,64 @@ def test_rewind_keeps_each_rows_run_and_moves_the_shorter_right() -> None:
     assert keys[0, 0, 1:].tolist() == [1.0, 2.0, 3.0, 100.0, 100.0, 100.0]
     # Row 1: its 4 old positions and its one kept new one, now ending at the index.
     assert keys[1, 0, 2:].tolist() == [*before[1, 0, :, 0].tolist(), 100.0]
+
+
+def test_a_quantized_rows_run_moves_with_its_scales_and_biases() -> None:
+    """A quantized batch cache (kv_cache.bits): words, scales and biases move alike."""
+    cache = BatchKVCache([1, 0], quant=KVQuantization(8, 32, 0))
+    old = mx.random.normal((2, 1, 4, 32), key=mx.random.key(1))
+    cache.update_and_fetch(old, old)
+    assert cache.quantized
+    new = mx.random.normal((2, 1, 3, 32), key=mx.random.key(2))
+    cache.update_and_fetch(new, new)
+    before = [part[..., :7, :] for part in cache.keys]  # type: ignore[union-attr]
+    mx.eval(before)
+    rewind([cache], written=3, keep=[3, 1])
+    assert cache.left_padding.tolist() == [1, 2] and cache.offset.tolist() == [6, 5]
+    for was, now in zip(before, cache.keys, strict=True):  # type: ignore[arg-type]
+        assert mx.array_equal(now[0, :, :7], was[0])  # row 0 kept all: unmoved
+        # Row 1: its 4 old positions and its first new one, now ending at the index.
+        assert mx.array_equal(now[1, :, 2:7], was[1, :, :5])
+
+
+def test_a_quantized_kv_cache_speculates_with_the_same_output(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kv_cache.bits with speculation: a batch of 8 gives the tokens the same quantized
+    cache gives without it; rows were moved right (the quantized rewind), and the verify
+    passes read the quantized cache in one call per layer (models/cpu/attention.py)."""
+    uneven: list[Sequence[int]] = []
+
+    def watched(layers: Any, written: int, keep: Sequence[int]) -> None:
+        if len(set(keep)) > 1:
+            uneven.append(keep)
+        rewind(layers, written, keep)
+
+    monkeypatch.setattr(verify, "rewind", watched)
+    ext = qmm.extension()
+    widths: set[int] = set()
+    quantized_attention = ext.sdpa_decode_quantized
+
+    def counted(q: mx.array, *args: Any, **kw: Any) -> mx.array:
+        widths.add(q.shape[2])
+        return quantized_attention(q, *args, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(ext, "sdpa_decode_quantized", counted)
+    kv = KVQuantization(8, 32, 0)
+    plain = Engine(engine.loaded, SchedulerConfig(max_batch_size=8, kv_quantization=kv))
+    spec = Engine(
+        engine.loaded, SchedulerConfig(max_batch_size=8, speculative=SPEC, kv_quantization=kv)
+    )
+    texts = PROMPTS[:8]
+    for started in (plain, spec):
+        started.start()
+    try:
+        want = in_groups(plain, greedy(plain, texts), 8)
+        got = in_groups(spec, greedy(spec, texts), 8)
+    finally:
+        plain.stop()
+        spec.stop()
+    for text, expected, have in zip(texts, want, got, strict=True):
+        assert have[:2] == expected[:2], text
+    assert spec.scheduler.stats.accepted_tokens > 10 and uneven  # measured: 20 of 41
+    assert max(widths) > attention.SHORT_CHUNK_QUERIES  # a verify pass's positions at once

@@ -147,12 +147,6 @@ def test_off_by_default_and_a_section_reaches_the_engine(tmp_path: Path) -> None
             "models[0].speculative.method",
             "applies to generation models",
         ),
-        (
-            "    kv_cache: {bits: 8}\n    speculative:\n      method: ngram\n",
-            6,
-            "models[0].speculative.method",
-            "quantized KV cache",
-        ),
     ],
 )
 def test_a_bad_section_is_named_at_its_line(
@@ -163,6 +157,14 @@ def test_a_bad_section_is_named_at_its_line(
     ((at, key_path, message),) = issues_of(path)
     assert (at, key_path) == (line, key)
     assert words in message
+
+
+def test_a_quantized_kv_cache_may_speculate(tmp_path: Path) -> None:
+    """kv_cache.bits and speculative together (refused until the quantized rewind)."""
+    path = tmp_path / "vllm-mlx.yaml"
+    path.write_text(MODEL + "    kv_cache: {bits: 8}\n    speculative:\n      method: ngram\n")
+    model = load_settings(path).models[0]
+    assert model.kv_cache.bits == 8 and model.speculative.method == "ngram"
 
 
 def test_check_config_reports_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

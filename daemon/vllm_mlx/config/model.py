@@ -305,14 +305,6 @@ class ModelSettings(Section):
                 f"speculative applies to generation models; this one has task: {self.task}",
                 ("speculative", "method"),
             )
-        if self.kv_cache.bits is not None:
-            # The draft check rewinds each row's cache by position; the quantized batch
-            # cache has no such rewind yet.
-            raise LocatedError(
-                "speculative decoding does not work with a quantized KV cache yet "
-                "(kv_cache.bits); turn one of them off",
-                ("speculative", "method"),
-            )
         return self
 
     @model_validator(mode="after")

@@ -58,17 +58,29 @@ def _split(inner: Attention) -> Attention:
             )
             if whole is not None:
                 return whole
-        total = keys.shape[2]  # the last `rows` keys are this pass's own positions
+        total = _positions(keys)  # the last `rows` keys are this pass's own positions
         outs = []
         for j in range(rows):
             seen = total - rows + j + 1
             step = dict(kw, mask=mask[..., j : j + 1, :seen])
             outs.append(
-                inner(queries[:, :, j : j + 1], keys[..., :seen, :], values[..., :seen, :], **step)
+                inner(queries[:, :, j : j + 1], _upto(keys, seen), _upto(values, seen), **step)
             )
         return mx.concatenate(outs, axis=2)
 
     return attend
+
+
+# K or V: an array, or a quantized cache's (words, scales, biases), all by position.
+def _positions(stored: Any) -> int:
+    first = stored[0] if isinstance(stored, tuple | list) else stored
+    return int(first.shape[2])
+
+
+def _upto(stored: Any, seen: int) -> Any:
+    if isinstance(stored, tuple | list):
+        return tuple(part[..., :seen, :] for part in stored)
+    return stored[..., :seen, :]
 
 
 def _modules(model: Any) -> list[Any]:

@@ -13,7 +13,9 @@ write index for all rows and hides only what lies left of each row's `left_paddi
 Order is kept (the paged prefix cache slices rows by position), and values are copied,
 never recomputed, so the row's later steps see the same keys as without speculation.
 The copy costs the row's window of K and V in every layer, so it is only done for the
-rows that need it, and never at batch size 1 (one row is always the longest).
+rows that need it, and never at batch size 1 (one row is always the longest). A
+quantized batch cache (`kv_cache.bits`) keeps K and V as (words, scales, biases), each
+indexed by position like a float array: each of the three moves alike.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from vllm_mlx.engine.cache.rows import BatchKVCache
 
 
 def can_rewind(layers: Sequence[Any]) -> bool:
-    """Whether every layer is a full-precision batch cache this module can rewind."""
-    return all(isinstance(c, BatchKVCache) and not c.quantized for c in layers)
+    """Whether every layer is a batch cache (full precision or quantized) this module can
+    rewind."""
+    return all(isinstance(c, BatchKVCache) for c in layers)
 
 
 def rewind(layers: Sequence[Any], written: int, keep: Sequence[int]) -> None:
@@ -51,7 +54,8 @@ def rewind(layers: Sequence[Any], written: int, keep: Sequence[int]) -> None:
         # not move roll by 0 (an identity gather).
         for name in ("keys", "values"):
             stored = getattr(cache, name)
-            stored[..., lo:end, :] = dynamic_roll(stored[..., lo:end, :], by[:, None], axis=2)
+            for part in stored if isinstance(stored, tuple | list) else (stored,):
+                part[..., lo:end, :] = dynamic_roll(part[..., lo:end, :], by[:, None], axis=2)
         cache.left_padding = cache.left_padding + by
         cache.offset = cache.offset - by
 

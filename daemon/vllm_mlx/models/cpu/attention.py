@@ -251,25 +251,37 @@ def _quantized_decode(
 
 
 def attend_as_decoding(
-    queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float, mask: Any
+    queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any
 ) -> mx.array | None:
     """Several query positions in one call whose every row has exactly the bits of this
     module's one-position (decode) call over the keys that row's mask lets it see, or None
-    where that does not hold (another dtype or device, a quantized cache, no array mask,
-    more positions than the kernel takes, an extension without it).
+    where that does not hold (another dtype or device, no array mask, more positions than
+    the kernel takes, an extension without it).
 
     The decode kernel computes each row alone: the scores of the keys its mask excludes
     become exact zeros after the softmax, and a zero adds nothing to the lane sums or to
-    P.V. A speculative verify pass (engine/speculative/attention.py) reads each sequence's
-    K and V once this way, instead of once per position."""
-    if not (
-        isinstance(mask, mx.array)
-        and mask.ndim == 4
-        and available()
-        and _decodes(queries, keys, values, cache, decode_kernel_positions())
-    ):
+    P.V; a quantized cache's rows are unpacked by position, whatever the call. A
+    speculative verify pass (engine/speculative/attention.py) reads each sequence's K and
+    V once this way, instead of once per position."""
+    if not (isinstance(mask, mx.array) and mask.ndim == 4 and available()):
         return None
-    rows: mx.array = qmm.extension().sdpa_decode(queries, keys, values, scale, mask)
+    positions = decode_kernel_positions()
+    ext = qmm.extension()
+    if hasattr(cache, "bits"):
+        if not (
+            queries.ndim == 4
+            and 1 <= queries.shape[2] <= positions
+            and queries.dtype == mx.float32
+            and _readable(keys, values, cache)
+        ):
+            return None
+        quantized: mx.array = ext.sdpa_decode_quantized(
+            queries, keys, values, scale, cache.group_size, cache.bits, mask
+        )
+        return quantized
+    if not _decodes(queries, keys, values, cache, positions):
+        return None
+    rows: mx.array = ext.sdpa_decode(queries, keys, values, scale, mask)
     return rows
 
 
