@@ -19,6 +19,18 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture
+def threaded() -> Iterator[None]:
+    """Two threads on any work, so the pool splits even small calls (attention kernels)."""
+    ext = qmm.extension()
+    threads, parallel_min = ext.threads(), ext.parallel_min()
+    ext.set_threads(2)
+    ext.set_parallel_min(0)
+    yield
+    ext.set_threads(threads)
+    ext.set_parallel_min(parallel_min)
+
+
+@pytest.fixture
 def threads() -> Iterator[None]:
     """Restores the kernel defaults a test changed: threads, the split threshold, the
     prefetch distance, the ISA."""

@@ -3,8 +3,6 @@ swap of mlx_lm's attention function around it (models/attention.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -17,18 +15,6 @@ BUILT = attention.available()
 pytestmark = pytest.mark.skipif(not BUILT, reason=f"kernel unavailable: {qmm.status().detail}")
 NAME = "scaled_dot_product_attention"
 TOL = 2e-5  # BLAS sums in another order: rounding, never more
-
-
-@pytest.fixture
-def threaded() -> Iterator[None]:
-    """Two threads on any work, so the pool splits even small calls."""
-    ext = qmm.extension()
-    threads, parallel_min = ext.threads(), ext.parallel_min()
-    ext.set_threads(2)
-    ext.set_parallel_min(0)
-    yield
-    ext.set_threads(threads)
-    ext.set_parallel_min(parallel_min)
 
 
 def qkv(

@@ -4,8 +4,6 @@ in models/cpu/attention.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -20,18 +18,6 @@ pytestmark = pytest.mark.skipif(
 )
 TOL = 2e-5  # an online softmax and sums in another order than BLAS's: rounding, never more
 Mask = mx.array | str | None
-
-
-@pytest.fixture
-def threaded() -> Iterator[None]:
-    """Two threads on any work, so the pool splits even small calls."""
-    ext = qmm.extension()
-    threads, parallel_min = ext.threads(), ext.parallel_min()
-    ext.set_threads(2)
-    ext.set_parallel_min(0)
-    yield
-    ext.set_threads(threads)
-    ext.set_parallel_min(parallel_min)
 
 
 def qkv(

@@ -5,6 +5,7 @@
 #include <memory>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "attn_kernel.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -60,6 +61,19 @@ View view_of(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
   int64_t inner = a.shape(3);
   return {packed.data, {a.shape(1) * a.shape(2) * inner, a.shape(2) * inner, inner},
           std::move(packed.fill)};
+}
+
+// The problem `msg` names, if any, as op's std::invalid_argument; else the CPU stream
+// (another device's is refused: these ops run on the CPU only).
+mx::Stream cpu_stream(const std::ostringstream& msg, const char* op, mx::StreamOrDevice s) {
+  if (!msg.str().empty()) {
+    throw std::invalid_argument(std::string("vllm_mlx ") + op + ": " + msg.str());
+  }
+  auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    throw std::invalid_argument(std::string("vllm_mlx ") + op + " runs on the CPU only");
+  }
+  return stream;
 }
 
 // The mask broadcast to (B, Hq, M, T) (zero strides, no copy), bool or as float32.
@@ -199,13 +213,7 @@ mx::array sdpa_prefill(const mx::array& q, const mx::array& k, const mx::array& 
                       (mask->shape(0) != 1 && mask->shape(0) != q.shape(0)))) {
     msg << "mask must be bool (1 or batch, 1, queries, keys)";
   }
-  if (!msg.str().empty()) {
-    throw std::invalid_argument("vllm_mlx sdpa_prefill: " + msg.str());
-  }
-  auto stream = mx::to_stream(s);
-  if (stream.device != mx::Device::cpu) {
-    throw std::invalid_argument("vllm_mlx sdpa_prefill runs on the CPU only");
-  }
+  auto stream = cpu_stream(msg, "sdpa_prefill", s);
   std::vector<mx::array> inputs{q, k, v}; // read through their strides (see View)
   if (mask) {
     inputs.push_back(mx::contiguous(*mask, false, s));
@@ -290,13 +298,7 @@ mx::array sdpa_decode_quantized(const mx::array& q, const std::vector<mx::array>
   } else if (mask && causal) {
     msg << "a mask and causal exclude each other (MLX takes one or the other)";
   }
-  if (!msg.str().empty()) {
-    throw std::invalid_argument("vllm_mlx sdpa_decode_quantized: " + msg.str());
-  }
-  auto stream = mx::to_stream(s);
-  if (stream.device != mx::Device::cpu) {
-    throw std::invalid_argument("vllm_mlx sdpa_decode_quantized runs on the CPU only");
-  }
+  auto stream = cpu_stream(msg, "sdpa_decode_quantized", s);
   int B = q.shape(0), Hq = q.shape(1), M = q.shape(2), T = k[0].shape(2);
   int Dv = v[0].shape(3) * 32 / bits;
   std::vector<mx::array> inputs{q, k[0], k[1], k[2], v[0], v[1], v[2]};
