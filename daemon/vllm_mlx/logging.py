@@ -68,7 +68,10 @@ def configure_logging(settings: LoggingSettings, to_stderr: bool = False) -> Non
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        # One write per record, its newline included: print() writes the newline
+        # separately, and a stdlib record written from another thread between the two
+        # (the handler below has its own lock) left two JSON records on one line.
+        logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
     # Third-party stdlib loggers (granian, huggingface_hub) go through the same renderer.
