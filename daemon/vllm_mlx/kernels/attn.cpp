@@ -43,26 +43,6 @@ void check(const mx::array& q, const mx::array& k, const mx::array& v,
   throw std::invalid_argument("vllm_mlx sdpa_decode: " + msg.str());
 }
 
-// A float32 4-D array's data as the kernel reads it: in place when its last dimension is
-// contiguous (the cache slices always are), else through row_major's packed copy, which
-// `fill` makes when the task runs (the input's contents exist only then).
-struct View {
-  const float* data;
-  int64_t strides[3];
-  std::function<void()> fill; // empty when read in place
-};
-
-View view_of(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
-  const auto& st = a.strides();
-  if (st[3] == 1 || a.shape(3) == 1) {
-    return {a.data<float>(), {st[0], st[1], st[2]}, {}};
-  }
-  auto packed = row_major(a, encoder);
-  int64_t inner = a.shape(3);
-  return {packed.data, {a.shape(1) * a.shape(2) * inner, a.shape(2) * inner, inner},
-          std::move(packed.fill)};
-}
-
 // The problem `msg` names, if any, as op's std::invalid_argument; else the CPU stream
 // (another device's is refused: these ops run on the CPU only).
 mx::Stream cpu_stream(const std::ostringstream& msg, const char* op, mx::StreamOrDevice s) {
@@ -122,12 +102,40 @@ Rows<T> rows_of(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
 }
 
 // Strided inputs (never the cache's) are packed in the task, once their contents exist.
-void fill_all(const View& q, const View& k, const View& v) {
-  for (const View* w : {&q, &k, &v}) {
-    if (w->fill) {
-      w->fill();
+template <typename... Ts>
+void fill_all(const Rows<Ts>&... rows) {
+  for (const auto* fill : {&rows.fill...}) {
+    if (*fill) {
+      (*fill)();
     }
   }
+}
+
+// What the float and quantized decode problems share: q, the mask (inputs[mask_at], if
+// there), the causal flag, the output and the sizes; K's heads and positions from `kv`
+// (K itself, or its packed words).
+void set_shared(AttnProblem& p, const Rows<float>& qv, const std::vector<mx::array>& inputs,
+                size_t mask_at, const mx::array& kv, mx::array& out, float scale, bool causal) {
+  const auto& q = inputs[0];
+  p.q = qv.data;
+  std::copy(qv.strides, qv.strides + 3, p.q_strides);
+  p.mask_kind = MaskKind::none;
+  if (inputs.size() > mask_at) {
+    const auto& m = inputs[mask_at]; // (B, Hq, M, T), broadcast: zero strides
+    p.mask = m.data<void>();
+    std::copy(m.strides().begin(), m.strides().end(), p.mask_strides);
+    p.mask_kind = m.dtype() == mx::bool_ ? MaskKind::boolean : MaskKind::additive;
+  }
+  p.causal = causal;
+  p.out = out.data<float>();
+  p.B = q.shape(0);
+  p.Hq = q.shape(1);
+  p.Hkv = kv.shape(1);
+  p.M = q.shape(2);
+  p.T = kv.shape(2);
+  p.D = q.shape(3);
+  p.Dv = out.shape(3);
+  p.scale = scale;
 }
 
 } // namespace
@@ -140,7 +148,7 @@ mx::array sdpa_decode(const mx::array& q, const mx::array& k, const mx::array& v
     throw std::invalid_argument("vllm_mlx sdpa_decode runs on the CPU only");
   }
   int B = q.shape(0), Hq = q.shape(1), M = q.shape(2), T = k.shape(2);
-  // No copies of the cache: K and V are read through their strides (see View).
+  // No copies of the cache: K and V are read through their strides (see Rows).
   std::vector<mx::array> inputs{q, k, v};
   add_mask(inputs, mask, {B, Hq, M, T}, "sdpa_decode", s);
   return mx::array({B, Hq, M, v.shape(3)}, mx::float32,
@@ -158,32 +166,14 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     eval_quantized(inputs, out);
     return;
   }
-  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
-  View qv = view_of(q, encoder), kv = view_of(k, encoder), vv = view_of(v, encoder);
+  auto qv = rows_of<float>(inputs[0], encoder), kv = rows_of<float>(inputs[1], encoder);
+  auto vv = rows_of<float>(inputs[2], encoder);
   AttnProblem p{};
-  p.q = qv.data;
-  std::copy(qv.strides, qv.strides + 3, p.q_strides);
+  set_shared(p, qv, inputs, 3, inputs[1], out, scale_, causal_);
   p.k = kv.data;
   p.v = vv.data;
   std::copy(kv.strides, kv.strides + 3, p.k_strides);
   std::copy(vv.strides, vv.strides + 3, p.v_strides);
-  p.mask_kind = MaskKind::none;
-  if (inputs.size() > 3) {
-    const auto& m = inputs[3]; // (B, Hq, M, T), broadcast: zero strides
-    p.mask = m.data<void>();
-    std::copy(m.strides().begin(), m.strides().end(), p.mask_strides);
-    p.mask_kind = m.dtype() == mx::bool_ ? MaskKind::boolean : MaskKind::additive;
-  }
-  p.causal = causal_;
-  p.out = out.data<float>();
-  p.B = q.shape(0);
-  p.Hq = q.shape(1);
-  p.Hkv = k.shape(1);
-  p.M = q.shape(2);
-  p.T = k.shape(2);
-  p.D = q.shape(3);
-  p.Dv = v.shape(3);
-  p.scale = scale_;
   encoder.dispatch([p, qv, kv, vv]() {
     fill_all(qv, kv, vv);
     sdpa_decode(p);
@@ -214,7 +204,7 @@ mx::array sdpa_prefill(const mx::array& q, const mx::array& k, const mx::array& 
     msg << "mask must be bool (1 or batch, 1, queries, keys)";
   }
   auto stream = cpu_stream(msg, "sdpa_prefill", s);
-  std::vector<mx::array> inputs{q, k, v}; // read through their strides (see View)
+  std::vector<mx::array> inputs{q, k, v}; // read through their strides (see Rows)
   if (mask) {
     inputs.push_back(mx::contiguous(*mask, false, s));
   }
@@ -231,7 +221,8 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
   }
   encoder.set_output_array(out);
   const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
-  View qv = view_of(q, encoder), kv = view_of(k, encoder), vv = view_of(v, encoder);
+  auto qv = rows_of<float>(q, encoder), kv = rows_of<float>(k, encoder);
+  auto vv = rows_of<float>(v, encoder);
   PrefillProblem p{};
   p.q = qv.data;
   p.k = kv.data;
@@ -310,51 +301,23 @@ mx::array sdpa_decode_quantized(const mx::array& q, const std::vector<mx::array>
 
 void DecodeAttention::eval_quantized(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  const auto& q = inputs[0];
-  View qv = view_of(q, encoder);
+  auto qv = rows_of<float>(inputs[0], encoder);
   auto kw = rows_of<uint32_t>(inputs[1], encoder), vw = rows_of<uint32_t>(inputs[4], encoder);
   auto ks = rows_of<float>(inputs[2], encoder), kb = rows_of<float>(inputs[3], encoder);
   auto vs = rows_of<float>(inputs[5], encoder), vb = rows_of<float>(inputs[6], encoder);
   AttnProblem p{};
-  p.q = qv.data;
-  std::copy(qv.strides, qv.strides + 3, p.q_strides);
+  set_shared(p, qv, inputs, 7, inputs[1], out, scale_, causal_);
   p.kq = {kw.data, {kw.strides[0], kw.strides[1], kw.strides[2]},
           ks.data, {ks.strides[0], ks.strides[1], ks.strides[2]},
           kb.data, {kb.strides[0], kb.strides[1], kb.strides[2]}};
   p.vq = {vw.data, {vw.strides[0], vw.strides[1], vw.strides[2]},
           vs.data, {vs.strides[0], vs.strides[1], vs.strides[2]},
           vb.data, {vb.strides[0], vb.strides[1], vb.strides[2]}};
-  p.mask_kind = MaskKind::none;
-  if (inputs.size() > 7) {
-    const auto& m = inputs[7];
-    p.mask = m.data<void>();
-    std::copy(m.strides().begin(), m.strides().end(), p.mask_strides);
-    p.mask_kind = m.dtype() == mx::bool_ ? MaskKind::boolean : MaskKind::additive;
-  }
-  p.causal = causal_;
-  p.out = out.data<float>();
-  p.B = q.shape(0);
-  p.Hq = q.shape(1);
-  p.Hkv = inputs[1].shape(1);
-  p.M = q.shape(2);
-  p.T = inputs[1].shape(2);
-  p.D = q.shape(3);
-  p.Dv = out.shape(3);
-  p.scale = scale_;
   p.bits = bits_;
   p.group_size = group_size_;
   encoder.dispatch([p, qv, kw, ks, kb, vw, vs, vb]() {
-    for (const auto* fill : {&qv.fill, &ks.fill, &kb.fill, &vs.fill, &vb.fill}) {
-      if (*fill) {
-        (*fill)();
-      }
-    }
-    for (const auto* fill : {&kw.fill, &vw.fill}) {
-      if (*fill) {
-        (*fill)();
-      }
-    }
-    sdpa_decode(p);
+    fill_all(qv, kw, ks, kb, vw, vs, vb);
+  sdpa_decode(p);
   });
 }
 
