@@ -2,17 +2,20 @@
 
     python bench/decode_step.py                                # rows 1 and 16, exact and int8
     python bench/decode_step.py --prefetch 0 4096 8192 16384   # prefetch distances
-    python bench/decode_step.py --parallel-min 4194304 2097152 --ungrouped
+    python bench/decode_step.py --parallel-min 4194304 2097152 --paths grouped ungrouped
 
 Loads the model as the daemon does (dtype auto: the quantized kernel where built, with
 OpenBLAS chosen first), then decodes greedily from one token on `rows` rows, pipelined
 as mlx-lm's generator is (the next step's graph is built while this one computes), and
 reports the best of 3 rounds of ms per step for each variant: every pair of the kernel's
 split threshold (`--parallel-min`) and weight prefetch distance (`--prefetch`, bytes; 0:
-off, round 8's build), sibling projections grouped in one call (models/cpu/projections.py);
-`--ungrouped` adds one call per layer at the first pair (round 7's build). Variants
-alternate within a round so that load drift favours none. No HTTP, no scheduler:
-bench/qmm.py measures the daemon.
+off, round 8's build), and each `--paths` entry: `layer` (a decoder layer's step in two
+nodes, models/cpu/decoder.py: round 15's build), `grouped` (one node per op, sibling
+projections grouped in one call, models/cpu/projections.py: rounds 8-14), `ungrouped`
+(one call per projection: round 7). Variants alternate within a round so that load drift
+favours none. No HTTP, no scheduler: bench/qmm.py measures the daemon.
+
+    python bench/decode_step.py --rows 1 16 --prefetch 8192 --paths layer grouped
 """
 
 from __future__ import annotations
@@ -74,37 +77,39 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--parallel-min", type=int, nargs="+", default=[2097152])
     parser.add_argument("--prefetch", type=int, nargs="+", default=[0, 8192])
-    parser.add_argument("--ungrouped", action="store_true")
+    parser.add_argument(
+        "--paths", nargs="+", choices=["layer", "grouped", "ungrouped"], default=["layer"]
+    )
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from vllm_mlx.models.cpu import qmm
+    from vllm_mlx.models.cpu import decoder, qmm
 
     print(f"load average at start: {load_average()}\n")
-    print("| activations | rows | grouped | parallel_min | prefetch | ms per step (best) |")
+    print("| activations | rows | path | parallel_min | prefetch | ms per step (best) |")
     print("| --- | ---: | --- | ---: | ---: | ---: |")
-    pairs = [(p, d) for p in args.parallel_min for d in args.prefetch]
-    variants = [(True, p, d) for p, d in pairs]
-    if args.ungrouped:
-        variants.insert(0, (False, *pairs[0]))
+    variants = [
+        (path, p, d) for path in args.paths for p in args.parallel_min for d in args.prefetch
+    ]
     for int8 in (False, True):
         model = load(int8)
         ext, groups = qmm.extension(), groups_of(model)
         defaults = ext.parallel_min(), ext.prefetch_distance()
         kind = "int8" if int8 and ext.int8_available() else "exact"
         for rows in args.rows:
-            best: dict[tuple[bool, int, int], float] = {}
+            best: dict[tuple[str, int, int], float] = {}
             for _ in range(args.rounds):
                 for variant in variants:
-                    grouped, parallel_min, prefetch = variant
+                    path, parallel_min, prefetch = variant
+                    decoder.use_fused_layers(path == "layer")
                     for group in groups:
-                        group.active = grouped
+                        group.active = path != "ungrouped"
                     ext.set_parallel_min(parallel_min)
                     ext.set_prefetch_distance(prefetch)
                     ms = ms_per_step(model, rows, args.steps)
                     best[variant] = min(ms, best.get(variant, ms))
-            for (grouped, parallel_min, prefetch), ms in best.items():
-                row = f"| {kind} | {rows} | {grouped} | {parallel_min} | {prefetch} | {ms:.2f} |"
+            for (path, parallel_min, prefetch), ms in best.items():
+                row = f"| {kind} | {rows} | {path} | {parallel_min} | {prefetch} | {ms:.2f} |"
                 print(row, flush=True)
         ext.set_parallel_min(defaults[0])
         ext.set_prefetch_distance(defaults[1])

@@ -54,7 +54,7 @@ def test_rope_is_bit_identical(traditional: bool, dims: int, offset: int | str) 
     # As attention calls it: (batch, heads, sequence, features), a transposed view.
     x = mx.random.normal((2, 5, 9, 64), key=mx.random.key(dims)).transpose(0, 2, 1, 3)
     off = mx.array([3, 4000]) if offset == "per-row" else offset
-    got = qmm.extension().rope(x, dims, traditional, 10000.0, 1.0, fused_norms._offset(off))
+    got = qmm.extension().rope(x, dims, traditional, 10000.0, 1.0, fused_norms.offset_array(off))
     want = mx.fast.rope(x, dims, traditional=traditional, base=10000.0, scale=1.0, offset=off)
     assert same(got, want)
 

@@ -7,12 +7,14 @@
 
 #include "act.h"
 #include "attn.h"
+#include "layer.h"
 #include "logsumexp.h"
 #include "norm.h"
 #include "qmm.h"
 #include "qmm_kernel.h"
 
 namespace nb = nanobind;
+namespace mx = mlx::core;
 using namespace nb::literals;
 
 NB_MODULE(_qmm, m) {
@@ -61,6 +63,42 @@ NB_MODULE(_qmm, m) {
   m.def("sdpa_prefill", &vllm_mlx_kernels::sdpa_prefill, "q"_a, "k"_a, "v"_a, "scale"_a,
         "causal"_a, "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "Fused causal / masked float32 attention for several query positions (prefill).");
+  m.def(
+      "decoder_attention_inputs",
+      [](const mx::array& x, const mx::array& norm_weight, float eps,
+         const std::vector<mx::array>& qkv, int group_size, int bits, bool int8, int n_heads,
+         int n_kv_heads, int head_dim, int rope_dims, bool traditional,
+         std::optional<float> base, float rope_scale, const mx::array& offset,
+         const std::optional<mx::array>& freqs, mx::StreamOrDevice s) {
+        return vllm_mlx_kernels::decoder_attention_inputs(
+            x, norm_weight, eps, qkv, {group_size, bits}, int8, n_heads, n_kv_heads, head_dim,
+            rope_dims, traditional, base, rope_scale, offset, freqs, s);
+      },
+      "x"_a, "norm_weight"_a, "eps"_a, "qkv"_a, "group_size"_a, "bits"_a, "int8"_a,
+      "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "rope_dims"_a, "traditional"_a, "base"_a,
+      "rope_scale"_a, "offset"_a, "freqs"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+      "A decoder layer's [rope(q), rope(k), v] at one position per row, from its input x "
+      "(B, 1, D): the norm, the q/k/v products and the rotary embedding in one node.");
+  m.def(
+      "decoder_mlp_residual",
+      [](const mx::array& attention, const mx::array& x, const std::vector<mx::array>& o,
+         std::tuple<int, int> o_quantization, const mx::array& norm_weight, float eps,
+         const std::vector<mx::array>& gate_up, std::tuple<int, int> gate_up_quantization,
+         const std::vector<mx::array>& down, std::tuple<int, int> down_quantization, bool int8,
+         mx::StreamOrDevice s) {
+        auto q = [](std::tuple<int, int> t) {
+          return vllm_mlx_kernels::Quantization{std::get<0>(t), std::get<1>(t)};
+        };
+        return vllm_mlx_kernels::decoder_mlp_residual(
+            attention, x, o, q(o_quantization), norm_weight, eps, gate_up,
+            q(gate_up_quantization), down, q(down_quantization), int8, s);
+      },
+      "attention"_a, "x"_a, "o"_a, "o_quantization"_a, "norm_weight"_a, "eps"_a, "gate_up"_a,
+      "gate_up_quantization"_a, "down"_a, "down_quantization"_a, "int8"_a, nb::kw_only(),
+      "stream"_a = nb::none(),
+      "The rest of a decoder layer at one position per row: h = x + o(attention), then "
+      "h + down(swiglu(gate(n), up(n))) with n = rms_norm(h), in one node. Quantizations "
+      "are (group_size, bits).");
   m.def("set_threads", &vllm_mlx_kernels::set_threads, "n"_a, "Threads per matmul.");
   m.def("threads", &vllm_mlx_kernels::threads, "Threads per matmul.");
   m.def("isa", &vllm_mlx_kernels::isa, "The instruction set in use: avx512, avx2 or scalar.");

@@ -6,6 +6,7 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/backend/cpu/simd/simd.h"
+#include "norm_kernel.h"
 #include "strided.h"
 
 namespace vllm_mlx_kernels {
@@ -32,6 +33,17 @@ mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op) {
   return stream;
 }
 
+RopeShape rope_shape(const mx::array& x) {
+  auto& sh = x.shape();
+  auto& st = x.strides();
+  if (x.ndim() == 3) {
+    return {sh[0], 1, sh[1], sh[2], st[0], 0, st[1], st[2]};
+  }
+  return {sh[0], sh[1], sh[2], sh[3], st[0], st[1], st[2], st[3]};
+}
+
+} // namespace
+
 // One row, in the order of MLX's fallback graph on the CPU: square, a running float sum
 // (the Linux wheel's reduction is one float at a time), times 1 / n (mean), + eps,
 // 1 / sqrt, x * that, * weight: bit-identical to mx.fast.rms_norm there. A row gets the
@@ -48,74 +60,46 @@ void rms_norm_row(const float* x, const float* w, float* out, int n, float eps) 
   }
 }
 
-struct RopeShape {
-  int B, H, L, D; // x as (batch, heads, sequence, features)
-  int64_t sB, sH, sL, sD; // x's strides, in elements
-};
-
-RopeShape rope_shape(const mx::array& x) {
-  auto& sh = x.shape();
-  auto& st = x.strides();
-  if (x.ndim() == 3) {
-    return {sh[0], 1, sh[1], sh[2], st[0], 0, st[1], st[2]};
+void RopeTask::operator()() const {
+  int half = dims / 2;
+  std::vector<float> inv(half), cos_t(half), sin_t(half);
+  float step = std::log(base) / static_cast<float>(half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = freqs ? 1.0f / freqs[i] : mlx_exp(static_cast<float>(-i) * step);
   }
-  return {sh[0], sh[1], sh[2], sh[3], st[0], st[1], st[2], st[3]};
-}
-
-struct RopeTask {
-  RopeShape s;
-  const float* x;
-  float* out;
-  const int32_t* offset;
-  int64_t offset_stride; // 0: one offset for every batch row
-  const float* freqs; // nullptr: from base
-  int dims;
-  bool traditional;
-  float base;
-  float scale;
-
-  void operator()() const {
-    int half = dims / 2;
-    std::vector<float> inv(half), cos_t(half), sin_t(half);
-    float step = std::log(base) / static_cast<float>(half);
-    for (int i = 0; i < half; ++i) {
-      inv[i] = freqs ? 1.0f / freqs[i] : mlx_exp(static_cast<float>(-i) * step);
-    }
-    for (int b = 0; b < s.B; ++b) {
-      auto first = static_cast<float>(offset[b * offset_stride]);
-      for (int l = 0; l < s.L; ++l) {
-        float position = (static_cast<float>(l) + first) * scale;
-        for (int i = 0; i < half; ++i) {
-          float theta = position * inv[i];
-          cos_t[i] = mlx_cos(theta);
-          sin_t[i] = mlx_sin(theta);
-        }
-        for (int h = 0; h < s.H; ++h) {
-          const float* row = x + b * s.sB + h * s.sH + l * s.sL;
-          float* o = out + ((static_cast<int64_t>(b) * s.H + h) * s.L + l) * s.D;
-          rotate(row, o, cos_t.data(), sin_t.data(), half);
-        }
+  for (int b = 0; b < s.B; ++b) {
+    auto first = static_cast<float>(offset[b * offset_stride]);
+    for (int l = 0; l < s.L; ++l) {
+      float position = (static_cast<float>(l) + first) * scale;
+      for (int i = 0; i < half; ++i) {
+        float theta = position * inv[i];
+        cos_t[i] = mlx_cos(theta);
+        sin_t[i] = mlx_sin(theta);
+      }
+      for (int h = 0; h < s.H; ++h) {
+        const float* row = x + b * s.sB + h * s.sH + l * s.sL;
+        float* o = out + ((static_cast<int64_t>(b) * s.H + h) * s.L + l) * s.D;
+        rotate(row, o, cos_t.data(), sin_t.data(), half);
       }
     }
   }
+}
 
-  void rotate(const float* row, float* o, const float* c, const float* sn, int half) const {
-    // As MLX's fallback: (x1 * cos - x2 * sin, x1 * sin + x2 * cos), features past dims as is.
-    int64_t d = s.sD;
-    for (int i = 0; i < half; ++i) {
-      int a = traditional ? 2 * i : i;
-      int b = traditional ? 2 * i + 1 : half + i;
-      float x1 = row[a * d], x2 = row[b * d];
-      o[a] = x1 * c[i] - x2 * sn[i];
-      o[b] = x1 * sn[i] + x2 * c[i];
-    }
-    for (int i = dims; i < s.D; ++i) {
-      o[i] = row[i * d];
-    }
+void RopeTask::rotate(const float* row, float* o, const float* c, const float* sn,
+                      int half) const {
+  // As MLX's fallback: (x1 * cos - x2 * sin, x1 * sin + x2 * cos), features past dims as is.
+  int64_t d = s.sD;
+  for (int i = 0; i < half; ++i) {
+    int a = traditional ? 2 * i : i;
+    int b = traditional ? 2 * i + 1 : half + i;
+    float x1 = row[a * d], x2 = row[b * d];
+    o[a] = x1 * c[i] - x2 * sn[i];
+    o[b] = x1 * sn[i] + x2 * c[i];
   }
-};
-
-} // namespace
+  for (int i = dims; i < s.D; ++i) {
+    o[i] = row[i * d];
+  }
+}
 
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps,
                    mx::StreamOrDevice s) {

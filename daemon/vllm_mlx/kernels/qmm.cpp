@@ -10,31 +10,27 @@
 
 namespace vllm_mlx_kernels {
 
-namespace {
-
-void check(const mx::array& x, const mx::array& w, const mx::array& scales,
-           const mx::array& biases, int group_size, int bits) {
+void check_weights(int K, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                   int group_size, int bits, const char* op) {
   std::ostringstream msg;
   if (!supported(bits, group_size)) {
     msg << "bits " << bits << " with group size " << group_size << " has no kernel";
   } else if (w.dtype() != mx::uint32 || w.ndim() != 2) {
     msg << "w must be a 2-D uint32 array of packed weights";
-  } else if (x.ndim() < 1 || x.shape(-1) != w.shape(1) * 32 / bits) {
+  } else if (K != w.shape(1) * 32 / bits) {
     msg << "x's last dimension must be " << w.shape(1) * 32 / bits;
   } else if (scales.ndim() != 2 || scales.shape(0) != w.shape(0) ||
-             scales.shape(1) * group_size != x.shape(-1) || biases.shape() != scales.shape() ||
+             scales.shape(1) * group_size != K || biases.shape() != scales.shape() ||
              biases.dtype() != scales.dtype()) {
-    msg << "scales and biases must both be [" << w.shape(0) << ", "
-        << x.shape(-1) / group_size << "] of one dtype";
+    msg << "scales and biases must both be [" << w.shape(0) << ", " << K / group_size
+        << "] of one dtype";
   } else if (scales.dtype() != mx::float32 && scales.dtype() != mx::float16 &&
              scales.dtype() != mx::bfloat16) {
     msg << "scales must be float32, float16 or bfloat16";
-  } else if (!mx::issubdtype(x.dtype(), mx::floating)) {
-    msg << "x must be floating point";
   } else {
     return;
   }
-  throw std::invalid_argument("vllm_mlx quantized_matmul: " + msg.str());
+  throw std::invalid_argument(std::string("vllm_mlx ") + op + ": " + msg.str());
 }
 
 ScaleType scale_type(mx::Dtype t) {
@@ -42,6 +38,19 @@ ScaleType scale_type(mx::Dtype t) {
     return ScaleType::f16;
   }
   return t == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
+}
+
+namespace {
+
+void check(const mx::array& x, const mx::array& w, const mx::array& scales,
+           const mx::array& biases, int group_size, int bits) {
+  if (x.ndim() < 1) {
+    throw std::invalid_argument("vllm_mlx quantized_matmul: x must have a last dimension");
+  }
+  check_weights(x.shape(-1), w, scales, biases, group_size, bits, "quantized_matmul");
+  if (!mx::issubdtype(x.dtype(), mx::floating)) {
+    throw std::invalid_argument("vllm_mlx quantized_matmul: x must be floating point");
+  }
 }
 
 } // namespace

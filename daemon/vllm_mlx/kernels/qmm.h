@@ -3,10 +3,19 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "qmm_kernel.h"
 
 namespace vllm_mlx_kernels {
 
 namespace mx = mlx::core;
+
+// std::invalid_argument ("vllm_mlx <op>: ...") unless (w, scales, biases) are affine
+// weights the kernel takes for a product over K inputs.
+void check_weights(int K, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                   int group_size, int bits, const char* op);
+
+// The kernel's name for a scales dtype (float32, float16 or bfloat16).
+ScaleType scale_type(mx::Dtype t);
 
 // quantized_matmul(x, w, scales, biases, transpose=True, group_size, bits), affine mode.
 // Inputs with more than `max_rows` rows go to dequantize + matmul (BLAS) instead.

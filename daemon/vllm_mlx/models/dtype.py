@@ -186,7 +186,7 @@ def apply_dtype(
 ) -> tuple[Any, DtypeDecision]:
     import psutil
 
-    from vllm_mlx.models.cpu import attention, projections, qmm
+    from vllm_mlx.models.cpu import attention, decoder, projections, qmm
     from vllm_mlx.models.cpu import norms as fused_norms
     from vllm_mlx.models.cpu import swiglu as fused
 
@@ -208,6 +208,8 @@ def apply_dtype(
         fused.swap_activations(model)
         fused_norms.swap_norms(model)
         attention.swap_attention(model)  # decode attention in one node (models/cpu/attention.py)
+    if decision.kernel:  # a decode step's layer in two nodes around the cache and attention
+        decoder.swap_decoder_layers(model)
     return model, decision
 
 

@@ -25,7 +25,7 @@ from mlx_lm.models.rope_utils import Llama3RoPE
 from vllm_mlx.models.cpu import qmm
 
 
-def _offset(offset: int | mx.array) -> mx.array:
+def offset_array(offset: int | mx.array) -> mx.array:
     return offset if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
 
 
@@ -42,7 +42,7 @@ class FusedRoPE(RoPE):
         if x.dtype == mx.float32 and x.ndim in (3, 4):
             ext = qmm.extension()
             return ext.rope(  # type: ignore[no-any-return]
-                x, self.dims, self.traditional, self.base, self.scale, _offset(offset)
+                x, self.dims, self.traditional, self.base, self.scale, offset_array(offset)
             )
         return super().__call__(x, offset)  # type: ignore[arg-type, no-any-return]
 
@@ -52,7 +52,7 @@ class FusedLlama3RoPE(Llama3RoPE):  # type: ignore[misc]
         if x.dtype == mx.float32 and x.ndim in (3, 4):
             ext = qmm.extension()
             return ext.rope(  # type: ignore[no-any-return]
-                x, self.dims, self.traditional, None, 1.0, _offset(offset), self._freqs
+                x, self.dims, self.traditional, None, 1.0, offset_array(offset), self._freqs
             )
         return super().__call__(x, offset)  # type: ignore[arg-type, no-any-return]
 

@@ -81,5 +81,10 @@ def swap_activations(model: Any) -> int:
     return sum(1 for _, cls in swapped if checked[cls])
 
 
+def fused_classes() -> tuple[type, ...]:
+    """The swapped MLP classes (decoder.py fuses layers whose MLP is one of them)."""
+    return tuple(_fused_classes.values())
+
+
 def uses_fused(model: Any) -> bool:
     return any(type(m) in _fused_classes.values() for _, m in model.named_modules())

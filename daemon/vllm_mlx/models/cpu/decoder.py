@@ -1,0 +1,228 @@
+"""A Llama decoder layer's decode step in two of the extension's nodes on the CPU.
+
+After the other swaps in this package a decode step of the bundled model is still ~25
+graph nodes a layer (two norms, the grouped q/k/v and gate/up products, four reshapes
+and four transposes, two rotary embeddings, the o and down products, SwiGLU, two
+residual adds, the cache update, attention), and at one stream a node's bookkeeping and
+its Python costs more than its arithmetic (docs/benchmarks.md, round 12). At one query
+position per row, `decoder_attention_inputs` computes the norm, q/k/v and the rotary
+embedding in one node, and `decoder_mlp_residual` the o product, both residual adds, the
+second norm and the MLP in another; the cache update and attention in between stay as
+they are (mlx_lm's cache, attention.py's routing). Inside, the ops call the row
+functions of the one-node-per-op path in the same order (kernels/layer.h), so outputs
+keep their bits: a load-time probe compares a swapped layer with mlx_lm's on random
+inputs and keeps mlx_lm's path if a single bit differs.
+
+Only mlx_lm's `llama.TransformerBlock` is swapped (Llama, SmolLM, Mistral-style
+checkpoints load as it), and a call takes the fused path only while the layer is what
+the ops compute: one query position, float32, the kernel's quantized projections
+without biases or LoRA banks (whose class differs), the extension's norms, rotary
+embedding and SwiGLU. Anything else (a prompt's chunk, a verify pass, an adapter
+installed later) runs mlx_lm's own `__call__`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import is_
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models import llama
+from mlx_lm.models.cache import KVCache
+
+from vllm_mlx.models.cpu import norms, qmm, swiglu
+
+_ORIGINAL_CALL = llama.TransformerBlock.__call__
+# The model module, whose `scaled_dot_product_attention` global attention.py swaps.
+_LLAMA: Any = llama
+_CAUSAL: Any = "causal"  # mlx_lm's mask for a prompt (its annotation says array)
+_enabled = True  # benchmarks and tests compare both paths in one process
+
+
+def use_fused_layers(on: bool) -> None:
+    global _enabled
+    _enabled = on
+
+
+def _triple(layer: Any) -> list[mx.array]:
+    return [layer["weight"], layer["scales"], layer["biases"]]
+
+
+def _same_quantization(layers: tuple[Any, ...]) -> bool:
+    first = layers[0]
+    return all(
+        type(layer) is qmm.KernelQuantizedLinear
+        and "bias" not in layer
+        and layer.group_size == first.group_size
+        and layer.bits == first.bits
+        and layer.int8_activations == first.int8_activations
+        and layer["scales"].dtype == first["scales"].dtype
+        for layer in layers
+    )
+
+
+def _fusable(block: Any) -> bool:
+    attn, mlp = block.self_attn, block.mlp
+    return (
+        type(attn) is llama.Attention
+        and type(mlp) in swiglu.fused_classes()
+        and type(block.input_layernorm) is norms.FusedRMSNorm
+        and type(block.post_attention_layernorm) is norms.FusedRMSNorm
+        and type(attn.rope) in (norms.FusedRoPE, norms.FusedLlama3RoPE)
+        and _same_quantization((attn.q_proj, attn.k_proj, attn.v_proj))
+        and _same_quantization((mlp.gate_proj, mlp.up_proj))
+        and _same_quantization((attn.o_proj,))
+        and _same_quantization((mlp.down_proj,))
+        and attn.q_proj.int8_activations == mlp.down_proj.int8_activations
+        and attn.o_proj.int8_activations == mlp.gate_proj.int8_activations
+    )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A layer's arguments to the two ops, gathered once."""
+
+    inputs: tuple[Any, ...]  # decoder_attention_inputs' arguments after x
+    llama3_freqs: mx.array | None
+    outputs: tuple[Any, ...]  # decoder_mlp_residual's arguments after attention and x
+    scale: float
+
+
+def _parts(block: Any) -> tuple[Any, ...]:
+    """Every module a plan is made of, each one's class, and its weights: a plan holds
+    while this is the same tuple by identity. A LoRA bank changes its layer's class,
+    mlx_lm's LoRALinear replaces the layer, new weights replace arrays (a module's
+    scales and biases are replaced with its weight: quantizing writes all three).
+    Children and parameters are the module's dict items, read as such, without
+    nn.Module's __getattr__: this runs for every layer of every step (~4 us)."""
+    get: Any = dict.get
+    attn, mlp = get(block, "self_attn"), get(block, "mlp")
+    norm1, norm2 = get(block, "input_layernorm"), get(block, "post_attention_layernorm")
+    rope = get(attn, "rope")
+    q, k, v, o = get(attn, "q_proj"), get(attn, "k_proj"), get(attn, "v_proj"), get(attn, "o_proj")
+    gate, up, down = get(mlp, "gate_proj"), get(mlp, "up_proj"), get(mlp, "down_proj")
+    members = (norm1, norm2, q, k, v, o, gate, up, down)
+    return (
+        attn,
+        mlp,
+        rope,
+        *members,
+        type(mlp),
+        type(rope),
+        *map(type, members),
+        *(get(m, "weight") if isinstance(m, dict) else None for m in members),
+    )
+
+
+def _plan(block: Any) -> _Plan:
+    attn, mlp = block.self_attn, block.mlp
+    rope, q_proj = attn.rope, attn.q_proj
+    o, gate, up, down = attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    llama3 = type(rope) is norms.FusedLlama3RoPE
+    return _Plan(
+        inputs=(
+            block.input_layernorm["weight"],
+            block.input_layernorm.eps,
+            _triple(q_proj) + _triple(attn.k_proj) + _triple(attn.v_proj),
+            q_proj.group_size,
+            q_proj.bits,
+            q_proj.int8_activations,
+            attn.n_heads,
+            attn.n_kv_heads,
+            attn.head_dim,
+            rope.dims,
+            rope.traditional,
+            None if llama3 else rope.base,
+            1.0 if llama3 else rope.scale,
+        ),
+        llama3_freqs=rope._freqs if llama3 else None,
+        outputs=(
+            _triple(o),
+            (o.group_size, o.bits),
+            block.post_attention_layernorm["weight"],
+            block.post_attention_layernorm.eps,
+            _triple(gate) + _triple(up),
+            (gate.group_size, gate.bits),
+            _triple(down),
+            (down.group_size, down.bits),
+            o.int8_activations,
+        ),
+        scale=attn.scale,
+    )
+
+
+def _decode(plan: _Plan, x: mx.array, mask: Any, cache: Any) -> mx.array:
+    ext = qmm.extension()
+    queries, keys, values = ext.decoder_attention_inputs(
+        x, *plan.inputs, norms.offset_array(cache.offset), plan.llama3_freqs
+    )
+    keys, values = cache.update_and_fetch(keys, values)
+    # The model module's global, as mlx_lm's Attention calls it (attention.py swaps it).
+    output = _LLAMA.scaled_dot_product_attention(
+        queries, keys, values, cache=cache, scale=plan.scale, mask=mask
+    )
+    out: mx.array = ext.decoder_mlp_residual(output, x, *plan.outputs)
+    return out
+
+
+class FusedTransformerBlock(llama.TransformerBlock):  # type: ignore[misc]
+    # The layer's parts when last looked at, and its plan then (None: not fusable). Set
+    # with object.__setattr__: an attribute, not a parameter of the module.
+    _decode_plan: tuple[tuple[Any, ...], _Plan | None] | None = None
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if _enabled and cache is not None and x.ndim == 3 and x.shape[1] == 1:
+            plan = self.plan()
+            if plan is not None and x.dtype == mx.float32:
+                return _decode(plan, x, mask, cache)
+        return _ORIGINAL_CALL(self, x, mask, cache)  # type: ignore[no-any-return]
+
+    def plan(self) -> _Plan | None:
+        """This layer's plan, made again whenever one of its parts changed."""
+        parts, known = _parts(self), self._decode_plan
+        if known is not None and all(map(is_, parts, known[0])):
+            return known[1]
+        plan = _plan(self) if _fusable(self) else None
+        object.__setattr__(self, "_decode_plan", (parts, plan))
+        return plan
+
+
+def _same_outputs(block: Any) -> bool:
+    """The fused layer against mlx_lm's on random inputs, bit for bit: three rows after a
+    five-position prompt, two decode steps (the second at per-row offsets' common case)."""
+    dim = block.input_layernorm["weight"].shape[0]
+    prompt = mx.random.normal((3, 5, dim), key=mx.random.key(21)).astype(mx.float32)
+    steps = [mx.random.normal((3, 1, dim), key=mx.random.key(22 + i)) for i in range(2)]
+    try:
+        fused_cache, plain_cache = KVCache(), KVCache()
+        _ORIGINAL_CALL(block, prompt, _CAUSAL, fused_cache)
+        _ORIGINAL_CALL(block, prompt, _CAUSAL, plain_cache)
+        for x in steps:
+            got = block(x.astype(mx.float32), None, fused_cache)
+            want = _ORIGINAL_CALL(block, x.astype(mx.float32), None, plain_cache)
+            if not mx.array_equal(got, want).item():
+                return False
+        return True
+    except Exception:  # a layout the probe cannot feed: keep mlx_lm's path, never fail the load
+        return False
+
+
+def swap_decoder_layers(model: Any) -> int:
+    """Route the decode step of every fusable llama layer through the extension's two layer
+    ops; returns how many layers were swapped (0 where the probe found a bit differ)."""
+    if not (qmm.status().available and hasattr(qmm.extension(), "decoder_mlp_residual")):
+        return 0
+    blocks = [m for _, m in model.named_modules() if type(m) is llama.TransformerBlock]
+    blocks = [block for block in blocks if _fusable(block)]
+    for block in blocks:
+        block.__class__ = FusedTransformerBlock
+    if blocks and not _same_outputs(blocks[0]):
+        for block in blocks:
+            block.__class__ = llama.TransformerBlock
+        return 0
+    return len(blocks)
+
+
+def uses_fused_layers(model: Any) -> bool:
+    return any(type(m) is FusedTransformerBlock for _, m in model.named_modules())
