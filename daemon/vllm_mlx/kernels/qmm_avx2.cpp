@@ -30,6 +30,22 @@ AVX2 inline float load_scale(const void* base, size_t i) {
   }
 }
 
+// Scales (or biases) at..at+count-1 (count <= 8) as float32 into dst: exact for each
+// type, so converting 8 at a time gives the same floats as load_scale one by one.
+template <ScaleType ST>
+AVX2 inline void load_scales(const void* base, size_t at, int count, float* dst) {
+  if constexpr (ST == ScaleType::f16) {
+    if (count == 8) {
+      const auto* h = static_cast<const uint16_t*>(base) + at;
+      _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
+      return;
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    dst[i] = load_scale<ST>(base, at + i);
+  }
+}
+
 // A tile of MT activation rows x NT output rows. Per chunk of 16 weights: unpack once,
 // FMA into every activation row; two accumulators per pair so FMA latency overlaps.
 template <int BITS, int MT, int NT, ScaleType ST>
@@ -59,8 +75,22 @@ AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
   const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
   // A tile of one output row (several activation rows) reads it in order: no prefetch.
   const long ahead = NT > 1 ? g_prefetch_distance.load(std::memory_order_relaxed) : 0;
+  // The next 8 groups' scales and biases of each output row, converted at once (a
+  // group of 32 weights is two steps of the loop below: per-group work is a large
+  // share of it).
+  alignas(32) float scale_at[NT][8];
+  alignas(32) float bias_at[NT][8];
   for (int g = 0; g < groups; ++g) {
     prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
+    const int slot = g & 7;
+    if (slot == 0) {
+      const int count = groups - g < 8 ? groups - g : 8;
+      for (int j = 0; j < NT; ++j) {
+        size_t at = static_cast<size_t>(n0 + j) * groups + g;
+        load_scales<ST>(p.scales, at, count, scale_at[j]);
+        load_scales<ST>(p.biases, at, count, bias_at[j]);
+      }
+    }
     __m256 acc0[MT][NT], acc1[MT][NT];
     for (int i = 0; i < MT; ++i) {
       for (int j = 0; j < NT; ++j) {
@@ -89,9 +119,8 @@ AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
       }
     }
     for (int j = 0; j < NT; ++j) {
-      size_t at = static_cast<size_t>(n0 + j) * groups + g;
-      __m256 scale = _mm256_set1_ps(load_scale<ST>(p.scales, at));
-      float b = load_scale<ST>(p.biases, at);
+      __m256 scale = _mm256_broadcast_ss(&scale_at[j][slot]);
+      float b = bias_at[j][slot];
       for (int i = 0; i < MT; ++i) {
         tot[i][j] = _mm256_fmadd_ps(scale, _mm256_add_ps(acc0[i][j], acc1[i][j]), tot[i][j]);
         bias[i][j] += b * xs[i][g];
