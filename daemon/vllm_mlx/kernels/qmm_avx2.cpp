@@ -75,15 +75,17 @@ AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
   const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
   // A tile of one output row (several activation rows) reads it in order: no prefetch.
   const long ahead = NT > 1 ? g_prefetch_distance.load(std::memory_order_relaxed) : 0;
-  // The next 8 groups' scales and biases of each output row, converted at once (a
-  // group of 32 weights is two steps of the loop below: per-group work is a large
-  // share of it).
+  // At one activation row, the next 8 groups' scales and biases of each output row,
+  // converted at once: a group of 32 weights is two steps of the loop below, and its
+  // scalar conversions were a large share of it. Tiles of several rows keep the
+  // conversion per group (the buffer measured 1.1x slower there: register pressure).
+  constexpr bool batched = MT == 1;
   alignas(32) float scale_at[NT][8];
   alignas(32) float bias_at[NT][8];
   for (int g = 0; g < groups; ++g) {
     prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
     const int slot = g & 7;
-    if (slot == 0) {
+    if (batched && slot == 0) {
       const int count = groups - g < 8 ? groups - g : 8;
       for (int j = 0; j < NT; ++j) {
         size_t at = static_cast<size_t>(n0 + j) * groups + g;
@@ -119,8 +121,10 @@ AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
       }
     }
     for (int j = 0; j < NT; ++j) {
-      __m256 scale = _mm256_broadcast_ss(&scale_at[j][slot]);
-      float b = bias_at[j][slot];
+      size_t at = static_cast<size_t>(n0 + j) * groups + g;
+      __m256 scale = batched ? _mm256_broadcast_ss(&scale_at[j][slot])
+                             : _mm256_set1_ps(load_scale<ST>(p.scales, at));
+      float b = batched ? bias_at[j][slot] : load_scale<ST>(p.biases, at);
       for (int i = 0; i < MT; ++i) {
         tot[i][j] = _mm256_fmadd_ps(scale, _mm256_add_ps(acc0[i][j], acc1[i][j]), tot[i][j]);
         bias[i][j] += b * xs[i][g];
