@@ -147,9 +147,7 @@ void DecoderAttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   auto fr = rope_.has_freqs ? row_major(inputs[3], encoder) : RowMajor{nullptr, {}};
   // q and k before their rotation, (B, heads * head_dim) each; v straight into its output
   // (for one position, (B, heads, 1, head_dim) row-major is (B, heads * head_dim)).
-  auto scratch = std::make_shared<std::vector<float>>(static_cast<size_t>(B) *
-                                                      (D + (H + KV) * hd));
-  float* normed = scratch->data();
+  float* normed = temporary_floats(static_cast<size_t>(B) * (D + (H + KV) * hd), encoder);
   float* q = normed + static_cast<size_t>(B) * D;
   float* k = q + static_cast<size_t>(B) * H * hd;
   std::vector<QmmProblem> problems{
@@ -164,14 +162,13 @@ void DecoderAttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   };
   auto rope_q = rotation(q, outputs[0].data<float>(), H);
   auto rope_k = rotation(k, outputs[1].data<float>(), KV);
-  encoder.dispatch([xr, wr, fr, scratch, problems = std::move(problems), rope_q, rope_k, B, D,
+  encoder.dispatch([xr, wr, fr, normed, problems = std::move(problems), rope_q, rope_k, B, D,
                     eps = eps_]() mutable {
     for (auto* in : {&xr, &wr, &fr}) {
       if (in->fill) {
         in->fill();
       }
     }
-    float* normed = scratch->data();
     for (int b = 0; b < B; ++b) {
       rms_norm_row(xr.data + static_cast<size_t>(b) * D, wr.data,
                    normed + static_cast<size_t>(b) * D, D, eps);
@@ -241,9 +238,7 @@ void DecoderMlpResidual::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   auto wr = row_major(inputs[2], encoder);
   // h, the normed h, and the gate and up products (B rows each); the down product goes
   // to the output, which then gets h added in place.
-  auto scratch =
-      std::make_shared<std::vector<float>>(static_cast<size_t>(B) * (2 * D + 2 * F));
-  float* h = scratch->data();
+  float* h = temporary_floats(static_cast<size_t>(B) * (2 * D + 2 * F), encoder);
   float* normed = h + static_cast<size_t>(B) * D;
   float* gate = normed + static_cast<size_t>(B) * D;
   float* up = gate + static_cast<size_t>(B) * F;
@@ -252,7 +247,7 @@ void DecoderMlpResidual::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   std::vector<QmmProblem> gate_up{problem(inputs, 6, normed, gate, B, D, gate_up_, int8_),
                                   problem(inputs, 9, normed, up, B, D, gate_up_, int8_)};
   QmmProblem down = problem(inputs, 12, gate, y, B, F, down_, int8_);
-  encoder.dispatch([ar, xr, wr, scratch, o, gate_up = std::move(gate_up), down, h, normed,
+  encoder.dispatch([ar, xr, wr, o, gate_up = std::move(gate_up), down, h, normed,
                     gate, up, y, B, D, F, eps = eps_]() mutable {
     for (auto* in : {&ar, &xr, &wr}) {
       if (in->fill) {

@@ -4,14 +4,18 @@
 
 namespace vllm_mlx_kernels {
 
+float* temporary_floats(size_t count, mx::cpu::CommandEncoder& encoder) {
+  auto buffer = mx::array({static_cast<int>(count)}, mx::float32, nullptr, {});
+  buffer.set_data(mx::allocator::malloc(buffer.nbytes()));
+  encoder.add_temporary(buffer);
+  return buffer.data<float>();
+}
+
 RowMajor row_major(const mx::array& x, mx::cpu::CommandEncoder& encoder) {
   if (x.flags().row_contiguous) {
     return {x.data<float>(), {}};
   }
-  auto packed = mx::array(x.shape(), mx::float32, nullptr, {});
-  packed.set_data(mx::allocator::malloc(packed.nbytes()));
-  encoder.add_temporary(packed);
-  float* dst = packed.data<float>();
+  float* dst = temporary_floats(x.size(), encoder);
   return {dst, [src = x.data<float>(), shape = x.shape(), strides = x.strides(), dst]() {
             gather_strided(src, shape, strides, dst);
           }};

@@ -44,4 +44,9 @@ struct RowMajor {
 };
 RowMajor row_major(const mx::array& x, mx::cpu::CommandEncoder& encoder);
 
+// A scratch buffer of `count` floats for a dispatched task, from MLX's allocator (whose
+// cache hands the same memory back step after step: no fresh pages to fault in) and
+// kept alive by the encoder until the task has run. Not initialised.
+float* temporary_floats(size_t count, mx::cpu::CommandEncoder& encoder);
+
 } // namespace vllm_mlx_kernels

@@ -23,6 +23,7 @@ installed later) runs mlx_lm's own `__call__`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import is_
 from typing import Any
@@ -32,6 +33,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache
 
 from vllm_mlx.models.cpu import norms, qmm, swiglu
+from vllm_mlx.models.cpu.probe import same_bits
 
 _ORIGINAL_CALL = llama.TransformerBlock.__call__
 # The model module, whose `scaled_dot_product_attention` global attention.py swaps.
@@ -65,7 +67,8 @@ def _same_quantization(layers: tuple[Any, ...]) -> bool:
 def _fusable(block: Any) -> bool:
     attn, mlp = block.self_attn, block.mlp
     return (
-        type(attn) is llama.Attention
+        mx.default_device().type == mx.DeviceType.cpu  # the ops run on the CPU only
+        and type(attn) is llama.Attention
         and type(mlp) in swiglu.fused_classes()
         and type(block.input_layernorm) is norms.FusedRMSNorm
         and type(block.post_attention_layernorm) is norms.FusedRMSNorm
@@ -189,23 +192,23 @@ class FusedTransformerBlock(llama.TransformerBlock):  # type: ignore[misc]
 
 
 def _same_outputs(block: Any) -> bool:
-    """The fused layer against mlx_lm's on random inputs, bit for bit: three rows after a
-    five-position prompt, two decode steps (the second at per-row offsets' common case)."""
+    """The fused layer against mlx_lm's on random inputs, bit for bit: three rows, two
+    decode steps after a five-position prompt."""
     dim = block.input_layernorm["weight"].shape[0]
     prompt = mx.random.normal((3, 5, dim), key=mx.random.key(21)).astype(mx.float32)
-    steps = [mx.random.normal((3, 1, dim), key=mx.random.key(22 + i)) for i in range(2)]
-    try:
+    steps = [
+        mx.random.normal((3, 1, dim), key=mx.random.key(22 + i)).astype(mx.float32)
+        for i in range(2)
+    ]
+
+    def pairs() -> Iterator[tuple[mx.array, mx.array]]:
         fused_cache, plain_cache = KVCache(), KVCache()
         _ORIGINAL_CALL(block, prompt, _CAUSAL, fused_cache)
         _ORIGINAL_CALL(block, prompt, _CAUSAL, plain_cache)
         for x in steps:
-            got = block(x.astype(mx.float32), None, fused_cache)
-            want = _ORIGINAL_CALL(block, x.astype(mx.float32), None, plain_cache)
-            if not mx.array_equal(got, want).item():
-                return False
-        return True
-    except Exception:  # a layout the probe cannot feed: keep mlx_lm's path, never fail the load
-        return False
+            yield block(x, None, fused_cache), _ORIGINAL_CALL(block, x, None, plain_cache)
+
+    return same_bits(pairs)
 
 
 def swap_decoder_layers(model: Any) -> int:
