@@ -128,6 +128,17 @@ def test_a_layer_the_ops_do_not_compute_keeps_mlx_lms_path() -> None:
     assert not decoder.uses_fused_layers(model)
 
 
+def test_a_layer_whose_projections_differ_in_int8_keeps_mlx_lms_path() -> None:
+    """Each op takes one int8 flag: a layer whose o product alone asks for int8 is not
+    fused (one the extension's int8 tiles would change), the other layer is."""
+    model = prepared()
+    model.layers[0].self_attn.o_proj.int8_activations = True
+    assert decoder.swap_decoder_layers(model) == 1
+    assert type(model.layers[0]) is not decoder.FusedTransformerBlock
+    assert model.layers[1].plan() is not None
+    assert same_steps(model, PROMPT, lambda: kv_caches(model))
+
+
 def test_an_adapter_installed_later_takes_mlx_lms_path() -> None:
     """A LoRA bank changes q_proj's class: the layer's plan no longer holds, and the step
     adds the adapter's delta exactly as mlx_lm's layer does."""

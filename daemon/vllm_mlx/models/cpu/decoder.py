@@ -77,14 +77,18 @@ def _fusable(block: Any) -> bool:
         and _same_quantization((mlp.gate_proj, mlp.up_proj))
         and _same_quantization((attn.o_proj,))
         and _same_quantization((mlp.down_proj,))
-        and attn.q_proj.int8_activations == mlp.down_proj.int8_activations
-        and attn.o_proj.int8_activations == mlp.gate_proj.int8_activations
+        # One int8 choice for all seven: each op takes a single flag.
+        and attn.q_proj.int8_activations
+        == attn.o_proj.int8_activations
+        == mlp.gate_proj.int8_activations
+        == mlp.down_proj.int8_activations
     )
 
 
 @dataclass(frozen=True)
 class _Plan:
-    """A layer's arguments to the two ops, gathered once."""
+    """A layer's arguments to the two ops, gathered once. What the loader sets once per
+    layer (group size, bits, `int8_activations`, head counts) is read here only."""
 
     inputs: tuple[Any, ...]  # decoder_attention_inputs' arguments after x
     llama3_freqs: mx.array | None
