@@ -49,11 +49,7 @@ mx::Stream cpu_stream(const std::ostringstream& msg, const char* op, mx::StreamO
   if (!msg.str().empty()) {
     throw std::invalid_argument(std::string("vllm_mlx ") + op + ": " + msg.str());
   }
-  auto stream = mx::to_stream(s);
-  if (stream.device != mx::Device::cpu) {
-    throw std::invalid_argument(std::string("vllm_mlx ") + op + " runs on the CPU only");
-  }
-  return stream;
+  return vllm_mlx_kernels::cpu_stream(s, op); // strided.h's (this overload hides it)
 }
 
 // The mask broadcast to (B, Hq, M, T) (zero strides, no copy), bool or as float32.

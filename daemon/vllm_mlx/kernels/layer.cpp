@@ -18,13 +18,6 @@ namespace {
   throw std::invalid_argument(std::string("vllm_mlx ") + op + ": " + why);
 }
 
-mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op) {
-  auto stream = mx::to_stream(s);
-  if (stream.device != mx::Device::cpu) {
-    refuse(op, "runs on the CPU only");
-  }
-  return stream;
-}
 
 // x as (B, 1, D) float32, and a float32 norm weight of D.
 void check_hidden(const mx::array& x, const mx::array& norm_weight, const char* op) {

@@ -25,14 +25,6 @@ float mlx_cos(float v) {
   return mx::simd::cos(mx::simd::Simd<float, 1>(v)).value;
 }
 
-mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op) {
-  auto stream = mx::to_stream(s);
-  if (stream.device != mx::Device::cpu) {
-    throw std::invalid_argument(std::string("vllm_mlx ") + op + " runs on the CPU only");
-  }
-  return stream;
-}
-
 RopeShape rope_shape(const mx::array& x) {
   auto& sh = x.shape();
   auto& st = x.strides();

@@ -1,8 +1,19 @@
 #include "strided.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "mlx/allocator.h"
 
 namespace vllm_mlx_kernels {
+
+mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op) {
+  auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    throw std::invalid_argument(std::string("vllm_mlx ") + op + " runs on the CPU only");
+  }
+  return stream;
+}
 
 float* temporary_floats(size_t count, mx::cpu::CommandEncoder& encoder) {
   auto buffer = mx::array({static_cast<int>(count)}, mx::float32, nullptr, {});

@@ -49,4 +49,8 @@ RowMajor row_major(const mx::array& x, mx::cpu::CommandEncoder& encoder);
 // kept alive by the encoder until the task has run. Not initialised.
 float* temporary_floats(size_t count, mx::cpu::CommandEncoder& encoder);
 
+// The stream an op of the extension builds its node on: s, which must be a CPU stream
+// (std::invalid_argument "vllm_mlx <op> runs on the CPU only" otherwise).
+mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op);
+
 } // namespace vllm_mlx_kernels
