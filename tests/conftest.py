@@ -22,6 +22,16 @@ from tests.support.replay import launcher as replay_launcher
 from tests.support.replay import split_replays
 
 STARTUP_TIMEOUT_S = 120.0
+# pytest-xdist workers for `-n auto` (pyproject's default): one per core this process may
+# use, at most four. Each worker's daemons and engines use every core for the model, so
+# more workers than cores only queue, and each holds its own models in memory.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; macOS has none
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_WORKERS))
 
 
 def free_port() -> int:
