@@ -9,13 +9,15 @@ OpenBLAS chosen first), then decodes greedily from one token on `rows` rows, pip
 as mlx-lm's generator is (the next step's graph is built while this one computes), and
 reports the best of 3 rounds of ms per step for each variant: every pair of the kernel's
 split threshold (`--parallel-min`) and weight prefetch distance (`--prefetch`, bytes; 0:
-off, round 8's build), and each `--paths` entry: `layer` (a decoder layer's step in two
-nodes, models/cpu/decoder.py: round 15's build), `grouped` (one node per op, sibling
+off, round 8's build), and each `--paths` entry: `append` (a decoder layer's step in
+three nodes, the cache update inside the attention node: round 16's build), `layer` (a
+decoder layer's step in two nodes around mlx_lm's cache update and the attention node,
+models/cpu/decoder.py: round 15's build), `grouped` (one node per op, sibling
 projections grouped in one call, models/cpu/projections.py: rounds 8-14), `ungrouped`
 (one call per projection: round 7). Variants alternate within a round so that load drift
 favours none. No HTTP, no scheduler: bench/qmm.py measures the daemon.
 
-    python bench/decode_step.py --rows 1 16 --prefetch 8192 --paths layer grouped
+    python bench/decode_step.py --rows 1 16 --prefetch 8192 --paths append layer
 """
 
 from __future__ import annotations
@@ -77,9 +79,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--parallel-min", type=int, nargs="+", default=[2097152])
     parser.add_argument("--prefetch", type=int, nargs="+", default=[0, 8192])
-    parser.add_argument(
-        "--paths", nargs="+", choices=["layer", "grouped", "ungrouped"], default=["layer"]
-    )
+    paths = ["append", "layer", "grouped", "ungrouped"]
+    parser.add_argument("--paths", nargs="+", choices=paths, default=["append"])
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -101,7 +102,8 @@ def main() -> int:
             for _ in range(args.rounds):
                 for variant in variants:
                     path, parallel_min, prefetch = variant
-                    decoder.use_fused_layers(path == "layer")
+                    decoder.use_fused_layers(path in ("append", "layer"))
+                    decoder.use_appended_attention(path == "append")
                     for group in groups:
                         group.active = path != "ungrouped"
                     ext.set_parallel_min(parallel_min)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -42,6 +43,25 @@ mx::array sdpa_decode_quantized(
     int bits,
     const std::optional<mx::array>& mask = std::nullopt,
     bool causal = false,
+    mx::StreamOrDevice s = {});
+
+// sdpa_decode for one query position after appending that position's K and V to the
+// cache: k and v (B, Hkv, 1, D / Dv) are written at `position` of k_cache (B, Hkv, S, D)
+// and v_cache (B, Hkv, S, Dv), 0 <= position < S, then q (B, Hq, 1, D) attends to
+// positions 0..position of them (the bits sdpa_decode gives over the cache's slice up to
+// there), with mask as sdpa_decode's over those position + 1 keys. Returns (attention,
+// k_cache', v_cache'): the new caches take the old ones' buffers when nothing else holds
+// them (as MLX's slice update does), else copies. What mlx_lm's cache update (two slice
+// updates, two slices) and the attention call compute, in one node.
+std::vector<mx::array> sdpa_decode_append(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& k_cache,
+    const mx::array& v_cache,
+    int position,
+    float scale,
+    const std::optional<mx::array>& mask = std::nullopt,
     mx::StreamOrDevice s = {});
 
 // softmax over the last axis of float32 prefill scores (B, Hkv, R, L) where row r's query
@@ -139,6 +159,27 @@ class DecodeAttention : public mx::UnaryPrimitive {
   bool causal_;
   int bits_;
   int group_size_;
+};
+
+class DecodeAppendAttention : public mx::Primitive {
+ public:
+  DecodeAppendAttention(mx::Stream stream, int position, float scale)
+      : mx::Primitive(stream), position_(position), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override {
+    return "VllmMlxDecodeAppendAttention";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const DecodeAppendAttention&>(other);
+    return position_ == o.position_ && scale_ == o.scale_;
+  }
+
+ private:
+  int position_;
+  float scale_;
 };
 
 } // namespace vllm_mlx_kernels

@@ -58,6 +58,11 @@ NB_MODULE(_qmm, m) {
         "scale"_a, "group_size"_a, "bits"_a, "mask"_a = nb::none(), nb::kw_only(),
         "causal"_a = false, "stream"_a = nb::none(),
         "sdpa_decode over a quantized KV cache: k and v are (words, scales, biases) triples.");
+  m.def("sdpa_decode_append", &vllm_mlx_kernels::sdpa_decode_append, "q"_a, "k"_a, "v"_a,
+        "k_cache"_a, "v_cache"_a, "position"_a, "scale"_a, "mask"_a = nb::none(),
+        nb::kw_only(), "stream"_a = nb::none(),
+        "k and v written at `position` of the caches, then sdpa_decode over positions 0.."
+        "position: (attention, k_cache, v_cache), the caches' buffers reused when free.");
   // Builds from before several positions have no attribute: callers read 1 then.
   m.attr("SDPA_DECODE_MAX_QUERIES") = vllm_mlx_kernels::kMaxDecodeQueries;
   m.def("sdpa_prefill", &vllm_mlx_kernels::sdpa_prefill, "q"_a, "k"_a, "v"_a, "scale"_a,

@@ -214,6 +214,29 @@ class BatchKVCache(mlx_cache.BatchKVCache):
         self._idx += n
         return self.keys_and_values()
 
+    # --- one decode step's K and V written in place (models/cpu/decoder.py) -------------
+
+    def decode_slot(self) -> int | None:
+        """The position one more step's K and V take in the float buffers, where a single
+        node may write them there and read them back (what update_and_fetch would do),
+        or None: no buffer yet or no room left, quantized now or from this step on, a
+        prompt's right padding not yet rolled away."""
+        keys = self.keys
+        if self.quantized or keys is None or self._right_padding is not None:
+            return None
+        if self.quant is not None and self._idx + 1 >= self.quant.quantized_after:
+            return None
+        assert isinstance(keys, mx.array)
+        if keys.dtype != mx.float32 or self._idx >= keys.shape[2]:
+            return None
+        return int(self._idx)
+
+    def commit_decode(self, keys: mx.array, values: mx.array) -> None:
+        """The buffers with that step's K and V written at decode_slot()."""
+        self.keys, self.values = cast(Any, keys), cast(Any, values)  # mlx_lm types them None
+        self.offset = self.offset + 1
+        self._idx += 1
+
     def keys_and_values(self) -> tuple[Tensor, Tensor]:
         end = self._idx
         return (

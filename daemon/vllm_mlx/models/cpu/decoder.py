@@ -1,4 +1,4 @@
-"""A Llama decoder layer's decode step in two of the extension's nodes on the CPU.
+"""A Llama decoder layer's decode step in three of the extension's nodes on the CPU.
 
 After the other swaps in this package a decode step of the bundled model is still ~25
 graph nodes a layer (two norms, the grouped q/k/v and gate/up products, four reshapes
@@ -7,11 +7,15 @@ residual adds, the cache update, attention), and at one stream a node's bookkeep
 its Python costs more than its arithmetic (docs/benchmarks.md, round 12). At one query
 position per row, `decoder_attention_inputs` computes the norm, q/k/v and the rotary
 embedding in one node, and `decoder_mlp_residual` the o product, both residual adds, the
-second norm and the MLP in another; the cache update and attention in between stay as
-they are (mlx_lm's cache, attention.py's routing). Inside, the ops call the row
-functions of the one-node-per-op path in the same order (kernels/layer.h), so outputs
-keep their bits: a load-time probe compares a swapped layer with mlx_lm's on random
-inputs and keeps mlx_lm's path if a single bit differs.
+second norm and the MLP in another; in between, `sdpa_decode_append` writes the step's K
+and V into the cache's buffers in place and attends over them in a third (the bits of
+mlx_lm's update_and_fetch and attention.py's decode call, without their four slice
+nodes a layer: 120 of a step's 249 nodes), where the cache is mlx_lm's plain KVCache or
+the engine's batch cache and has room; elsewhere mlx_lm's cache and attention.py's
+routing run as they are. Inside, the ops call the row functions of the one-node-per-op
+path in the same order (kernels/layer.h), so outputs keep their bits: a load-time probe
+compares a swapped layer with mlx_lm's on random inputs and keeps mlx_lm's path if a
+single bit differs.
 
 Only mlx_lm's `llama.TransformerBlock` is swapped (Llama, SmolLM, Mistral-style
 checkpoints load as it), and a call takes the fused path only while the layer is what
@@ -32,7 +36,7 @@ import mlx.core as mx
 from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache
 
-from vllm_mlx.models.cpu import norms, qmm, swiglu
+from vllm_mlx.models.cpu import attention, norms, qmm, swiglu
 from vllm_mlx.models.cpu.probe import same_bits
 
 _ORIGINAL_CALL = llama.TransformerBlock.__call__
@@ -40,11 +44,17 @@ _ORIGINAL_CALL = llama.TransformerBlock.__call__
 _LLAMA: Any = llama
 _CAUSAL: Any = "causal"  # mlx_lm's mask for a prompt (its annotation says array)
 _enabled = True  # benchmarks and tests compare both paths in one process
+_append = True  # the cache update inside the attention node (sdpa_decode_append)
 
 
 def use_fused_layers(on: bool) -> None:
     global _enabled
     _enabled = on
+
+
+def use_appended_attention(on: bool) -> None:
+    global _append
+    _append = on
 
 
 def _triple(layer: Any) -> list[mx.array]:
@@ -159,16 +169,67 @@ def _plan(block: Any) -> _Plan:
     )
 
 
+def _append_slot(cache: Any) -> int | None:
+    """Where this step's K and V go in the cache's float32 buffers, if one node may write
+    them there in place: the engine's caches say (`decode_slot`), mlx_lm's plain KVCache
+    while its buffer has room. None: mlx_lm's update_and_fetch runs (no buffer yet, a
+    full one to grow, a quantized cache)."""
+    slot = getattr(cache, "decode_slot", None)
+    if slot is not None:
+        return slot()  # type: ignore[no-any-return]
+    keys = cache.keys if type(cache) is KVCache else None
+    if keys is None or keys.dtype != mx.float32 or cache.offset >= keys.shape[2]:
+        return None
+    return int(cache.offset)
+
+
+def _commit(cache: Any, keys: mx.array, values: mx.array) -> None:
+    commit = getattr(cache, "commit_decode", None)
+    if commit is not None:
+        commit(keys, values)
+        return
+    cache.keys, cache.values = keys, values
+    cache.offset += 1
+
+
+def _appended_attention(
+    plan: _Plan, queries: mx.array, keys: mx.array, values: mx.array, cache: Any, mask: Any
+) -> mx.array | None:
+    """The cache update and attention in one node (`sdpa_decode_append`): the bits of
+    update_and_fetch and attention.py's decode call, without the two slice updates and two
+    slices a layer that cost a node each. None where that path is not the one the model
+    would take: attention not swapped to the extension, a mask it does not take."""
+    if _LLAMA.scaled_dot_product_attention is not attention.scaled_dot_product_attention:
+        return None
+    if isinstance(mask, str):
+        if mask != "causal":
+            return None
+        mask = None  # one query sees every key
+    ext = qmm.extension()
+    position = _append_slot(cache) if hasattr(ext, "sdpa_decode_append") else None
+    if position is None:
+        return None
+    if mask is not None and not (isinstance(mask, mx.array) and mask.shape[-1] == position + 1):
+        return None
+    output, new_keys, new_values = ext.sdpa_decode_append(
+        queries, keys, values, cache.keys, cache.values, position, plan.scale, mask
+    )
+    _commit(cache, new_keys, new_values)
+    return output  # type: ignore[no-any-return]
+
+
 def _decode(plan: _Plan, x: mx.array, mask: Any, cache: Any) -> mx.array:
     ext = qmm.extension()
     queries, keys, values = ext.decoder_attention_inputs(
         x, *plan.inputs, norms.offset_array(cache.offset), plan.llama3_freqs
     )
-    keys, values = cache.update_and_fetch(keys, values)
-    # The model module's global, as mlx_lm's Attention calls it (attention.py swaps it).
-    output = _LLAMA.scaled_dot_product_attention(
-        queries, keys, values, cache=cache, scale=plan.scale, mask=mask
-    )
+    output = _appended_attention(plan, queries, keys, values, cache, mask) if _append else None
+    if output is None:
+        keys, values = cache.update_and_fetch(keys, values)
+        # The model module's global, as mlx_lm's Attention calls it (attention.py swaps it).
+        output = _LLAMA.scaled_dot_product_attention(
+            queries, keys, values, cache=cache, scale=plan.scale, mask=mask
+        )
     out: mx.array = ext.decoder_mlp_residual(output, x, *plan.outputs)
     return out
 
