@@ -23,40 +23,35 @@ its first token, so a row's output never depends on which rows it shares a batch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, dynamic_roll
 
-# K or V of a batch: one array, or the (packed, scales, biases) triple once quantized.
-Tensor = Any
+from vllm_mlx.engine.cache.kv_tensors import (
+    KVQuantization,
+    Tensor,
+    each,
+    first,
+    indices,
+    ints,
+    padded,
+    parts,
+    quantize,
+    row_tensors,
+    stack,
+)
 
-
-@dataclass(frozen=True)
-class KVQuantization:
-    """A model's `kv_cache` section as the engine takes it."""
-
-    bits: int
-    group_size: int = 64
-    quantized_after: int = 0
-
-
-def _each(fn: Callable[[mx.array], mx.array], kv: Tensor) -> Tensor:
-    """`fn` on an array, or on each array of a quantized triple."""
-    if isinstance(kv, tuple):
-        return tuple(fn(x) for x in kv)
-    return fn(kv)
-
-
-def _quantize(kv: mx.array, quant: KVQuantization) -> tuple[mx.array, ...]:
-    return tuple(mx.quantize(kv, group_size=quant.group_size, bits=quant.bits))
-
-
-def _first(kv: Tensor) -> mx.array:
-    return cast(mx.array, kv[0] if isinstance(kv, tuple) else kv)
+__all__ = [
+    "BatchKVCache",
+    "KVQuantization",
+    "QuantizedRowKVCache",
+    "RowKVCache",
+    "cache_tags",
+    "row_caches",
+]
 
 
 class RowKVCache(KVCache):
@@ -108,8 +103,8 @@ def row_caches(
                 and layer.offset >= quant.quantized_after
             ):
                 row = QuantizedRowKVCache(tag, quant)
-                row.keys = _quantize(layer.keys[..., : layer.offset, :], quant)
-                row.values = _quantize(layer.values[..., : layer.offset, :], quant)
+                row.keys = quantize(layer.keys[..., : layer.offset, :], quant)
+                row.values = quantize(layer.values[..., : layer.offset, :], quant)
                 row.offset = layer.offset
                 out.append(row)
                 continue
@@ -175,18 +170,18 @@ class BatchKVCache(mlx_cache.BatchKVCache):
             longest >= quant.quantized_after or any(isinstance(r, QuantizedKVCache) for r in rows)
         )
         tensors = {
-            i: _row_tensors(r, quant if quantize else None)
+            i: row_tensors(r, quant if quantize else None)
             for i, r in enumerate(rows)
             if r.keys is not None
         }
         k0, v0 = next(iter(tensors.values()))
-        empty = (_each(lambda x: x[..., :0, :], k0), _each(lambda x: x[..., :0, :], v0))
+        empty = (each(lambda x: x[..., :0, :], k0), each(lambda x: x[..., :0, :], v0))
         keys, values = [], []
         for i, pad in enumerate(padding):
             k, v = tensors.get(i, empty)
-            keys.append(_padded(k, pad))
-            values.append(_padded(v, pad))
-        batch.keys, batch.values = _stack(keys), _stack(values)
+            keys.append(padded(k, pad))
+            values.append(padded(v, pad))
+        batch.keys, batch.values = stack(keys), stack(values)
         batch.quantized = quantize
         batch.offset = batch.offset + longest
         batch._idx = longest
@@ -203,9 +198,9 @@ class BatchKVCache(mlx_cache.BatchKVCache):
             return self.keys_and_values()
         assert self.quant is not None
         prev, n = self._idx, keys.shape[2]
-        if self.keys is None or prev + n > _first(self.keys).shape[2]:
+        if self.keys is None or prev + n > first(self.keys).shape[2]:
             self._grow(keys, values)
-        q_keys, q_values = _quantize(keys, self.quant), _quantize(values, self.quant)
+        q_keys, q_values = quantize(keys, self.quant), quantize(values, self.quant)
         stored = cast(tuple[tuple[mx.array, ...], tuple[mx.array, ...]], (self.keys, self.values))
         for target, new in zip(stored, (q_keys, q_values), strict=True):
             for part, piece in zip(target, new, strict=True):
@@ -240,32 +235,32 @@ class BatchKVCache(mlx_cache.BatchKVCache):
     def keys_and_values(self) -> tuple[Tensor, Tensor]:
         end = self._idx
         return (
-            _each(lambda x: x[..., :end, :], self.keys),
-            _each(lambda x: x[..., :end, :], self.values),
+            each(lambda x: x[..., :end, :], self.keys),
+            each(lambda x: x[..., :end, :], self.values),
         )
 
     def finalize(self) -> None:
         if self._right_padding is None:
             return
         padding = self._right_padding
-        self.keys = _each(lambda x: dynamic_roll(x, padding[:, None], axis=2), self.keys)
-        self.values = _each(lambda x: dynamic_roll(x, padding[:, None], axis=2), self.values)
+        self.keys = each(lambda x: dynamic_roll(x, padding[:, None], axis=2), self.keys)
+        self.values = each(lambda x: dynamic_roll(x, padding[:, None], axis=2), self.values)
         self.offset = self.offset - padding
         self.left_padding += padding
         self._right_padding = None
 
     def filter(self, batch_indices: Any) -> None:
-        self.tags = [self.tags[int(i)] for i in _indices(batch_indices)]
+        self.tags = [self.tags[int(i)] for i in indices(batch_indices)]
         if self.keys is not None:
-            self.keys = _each(lambda x: x[batch_indices], self.keys)
-            self.values = _each(lambda x: x[batch_indices], self.values)
+            self.keys = each(lambda x: x[batch_indices], self.keys)
+            self.values = each(lambda x: x[batch_indices], self.values)
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
-        shift = min(_ints(self.left_padding), default=0)
+        shift = min(ints(self.left_padding), default=0)
         if shift > 0:  # the rows left: drop the padding every row now has
             if self.keys is not None:
-                self.keys = _each(lambda x: x[..., shift:, :], self.keys)
-                self.values = _each(lambda x: x[..., shift:, :], self.values)
+                self.keys = each(lambda x: x[..., shift:, :], self.keys)
+                self.values = each(lambda x: x[..., shift:, :], self.values)
             self._idx -= shift
             self.left_padding -= shift
 
@@ -281,19 +276,19 @@ class BatchKVCache(mlx_cache.BatchKVCache):
                 if not batch.quantized:
                     batch._quantize_all()
         end = max(self._idx, other._idx)
-        size = max(_first(b.keys).shape[2] for b in (self, other) if b.keys is not None)
+        size = max(first(b.keys).shape[2] for b in (self, other) if b.keys is not None)
         template = self if self.keys is not None else other
-        parts = [_right_justified(b, template, end, size) for b in (self, other)]
-        self.keys = _stack([p[0] for p in parts])
-        self.values = _stack([p[1] for p in parts])
+        justified = [_right_justified(b, template, end, size) for b in (self, other)]
+        self.keys = stack([p[0] for p in justified])
+        self.values = stack([p[1] for p in justified])
         self.offset = mx.concatenate([self.offset, other.offset])
-        self.left_padding = mx.concatenate([p[2] for p in parts])
+        self.left_padding = mx.concatenate([p[2] for p in justified])
         self.quantized = self.quantized or other.quantized
         self._idx = end
 
     def extract(self, idx: int) -> Any:
         mx.eval(self.left_padding)
-        pad = _ints(self.left_padding)[idx]
+        pad = ints(self.left_padding)[idx]
         end = self._idx
         row: Any
         if self.quantized:
@@ -301,8 +296,8 @@ class BatchKVCache(mlx_cache.BatchKVCache):
             row = QuantizedRowKVCache(self.tags[idx], self.quant)
         else:
             row = RowKVCache(self.tags[idx], self.quant)
-        row.keys = _each(lambda x: mx.contiguous(x[idx : idx + 1, :, pad:end]), self.keys)
-        row.values = _each(lambda x: mx.contiguous(x[idx : idx + 1, :, pad:end]), self.values)
+        row.keys = each(lambda x: mx.contiguous(x[idx : idx + 1, :, pad:end]), self.keys)
+        row.values = each(lambda x: mx.contiguous(x[idx : idx + 1, :, pad:end]), self.values)
         row.offset = end - pad
         return row
 
@@ -315,16 +310,16 @@ class BatchKVCache(mlx_cache.BatchKVCache):
     def nbytes(self) -> int:
         if self.keys is None:
             return 0
-        parts = [*_parts(self.keys), *_parts(self.values)]
-        return sum(int(p.nbytes) for p in parts)
+        arrays = [*parts(self.keys), *parts(self.values)]
+        return sum(int(a.nbytes) for a in arrays)
 
     # --- quantization ------------------------------------------------------------------
 
     def _quantize_all(self) -> None:
         assert self.quant is not None
         if self.keys is not None:
-            self.keys = _quantize(self.keys, self.quant)
-            self.values = _quantize(self.values, self.quant)
+            self.keys = quantize(self.keys, self.quant)
+            self.values = quantize(self.values, self.quant)
         self.quantized = True
 
     def _grow(self, keys: mx.array, values: mx.array) -> None:
@@ -335,7 +330,7 @@ class BatchKVCache(mlx_cache.BatchKVCache):
 
         def grown(kv: Tensor, new: mx.array) -> Tensor:
             shape = (new.shape[0], new.shape[1], steps, new.shape[3])
-            blank = _quantize(mx.zeros(shape, new.dtype), self.quant)  # type: ignore[arg-type]
+            blank = quantize(mx.zeros(shape, new.dtype), self.quant)  # type: ignore[arg-type]
             if kv is None:
                 return blank
             return tuple(
@@ -345,43 +340,6 @@ class BatchKVCache(mlx_cache.BatchKVCache):
 
         self.keys = grown(self.keys, keys)
         self.values = grown(self.values, values)
-
-
-def _ints(array: mx.array) -> list[int]:
-    return cast(list[int], array.tolist())
-
-
-def _indices(batch_indices: Any) -> list[int]:
-    if isinstance(batch_indices, mx.array):
-        return _ints(batch_indices)
-    return [int(i) for i in batch_indices]
-
-
-def _parts(kv: Tensor) -> list[mx.array]:
-    return list(kv) if isinstance(kv, tuple) else [kv]
-
-
-def _padded(kv: Tensor, pad: int) -> Tensor:
-    """`pad` blank positions before a row's first."""
-    if pad == 0:
-        return kv
-    return _each(lambda x: mx.pad(x, [(0, 0), (0, 0), (pad, 0), (0, 0)]), kv)
-
-
-def _stack(rows: list[Tensor]) -> Tensor:
-    if isinstance(rows[0], tuple):
-        return tuple(mx.concatenate(list(parts), axis=0) for parts in zip(*rows, strict=True))
-    return mx.concatenate(rows, axis=0)
-
-
-def _row_tensors(row: Any, quant: KVQuantization | None) -> tuple[Tensor, Tensor]:
-    """A row's K and V over its own length: quantized when `quant` is given."""
-    n = int(row.offset)
-    keys = _each(lambda x: x[..., :n, :], row.keys)
-    values = _each(lambda x: x[..., :n, :], row.values)
-    if quant is not None and not isinstance(keys, tuple):
-        return _quantize(keys, quant), _quantize(values, quant)
-    return keys, values
 
 
 def _as_batch(other: Any, quant: KVQuantization | None) -> BatchKVCache:
@@ -403,20 +361,20 @@ def _right_justified(
         rows = int(batch.offset.shape[0])
 
         def blank(kv: Tensor) -> Tensor:
-            return _each(lambda x: mx.zeros((rows, x.shape[1], 0, x.shape[3]), x.dtype), kv)
+            return each(lambda x: mx.zeros((rows, x.shape[1], 0, x.shape[3]), x.dtype), kv)
 
         keys, values = blank(template.keys), blank(template.values)
     else:
         keys, values = batch.keys, batch.values
     left = end - batch._idx
-    length = _first(keys).shape[2]
+    length = first(keys).shape[2]
     right = size - length - left
     if right < 0:
-        keys = _each(lambda x: x[..., :right, :], keys)
-        values = _each(lambda x: x[..., :right, :], values)
+        keys = each(lambda x: x[..., :right, :], keys)
+        values = each(lambda x: x[..., :right, :], values)
         right = 0
     if left or right:
         widths = [(0, 0), (0, 0), (left, right), (0, 0)]
-        keys = _each(lambda x: mx.pad(x, widths), keys)
-        values = _each(lambda x: mx.pad(x, widths), values)
+        keys = each(lambda x: mx.pad(x, widths), keys)
+        values = each(lambda x: mx.pad(x, widths), values)
     return keys, values, batch.left_padding + left

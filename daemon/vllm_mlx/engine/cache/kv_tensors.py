@@ -1,0 +1,75 @@
+"""K or V of a batch row's cache as the engine's caches (rows.py) hold them: one float
+array, or MLX's affine-quantized (packed words, scales, biases) triple, and the array
+work on either form."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import mlx.core as mx
+
+# K or V of a batch: one array, or the (packed, scales, biases) triple once quantized.
+Tensor = Any
+
+
+@dataclass(frozen=True)
+class KVQuantization:
+    """A model's `kv_cache` section as the engine takes it."""
+
+    bits: int
+    group_size: int = 64
+    quantized_after: int = 0
+
+
+def each(fn: Callable[[mx.array], mx.array], kv: Tensor) -> Tensor:
+    """`fn` on an array, or on each array of a quantized triple."""
+    if isinstance(kv, tuple):
+        return tuple(fn(x) for x in kv)
+    return fn(kv)
+
+
+def quantize(kv: mx.array, quant: KVQuantization) -> tuple[mx.array, ...]:
+    return tuple(mx.quantize(kv, group_size=quant.group_size, bits=quant.bits))
+
+
+def first(kv: Tensor) -> mx.array:
+    return cast(mx.array, kv[0] if isinstance(kv, tuple) else kv)
+
+
+def ints(array: mx.array) -> list[int]:
+    return cast(list[int], array.tolist())
+
+
+def indices(batch_indices: Any) -> list[int]:
+    if isinstance(batch_indices, mx.array):
+        return ints(batch_indices)
+    return [int(i) for i in batch_indices]
+
+
+def parts(kv: Tensor) -> list[mx.array]:
+    return list(kv) if isinstance(kv, tuple) else [kv]
+
+
+def padded(kv: Tensor, pad: int) -> Tensor:
+    """`pad` blank positions before a row's first."""
+    if pad == 0:
+        return kv
+    return each(lambda x: mx.pad(x, [(0, 0), (0, 0), (pad, 0), (0, 0)]), kv)
+
+
+def stack(rows: list[Tensor]) -> Tensor:
+    if isinstance(rows[0], tuple):
+        return tuple(mx.concatenate(list(parts), axis=0) for parts in zip(*rows, strict=True))
+    return mx.concatenate(rows, axis=0)
+
+
+def row_tensors(row: Any, quant: KVQuantization | None) -> tuple[Tensor, Tensor]:
+    """A row's K and V over its own length: quantized when `quant` is given."""
+    n = int(row.offset)
+    keys = each(lambda x: x[..., :n, :], row.keys)
+    values = each(lambda x: x[..., :n, :], row.values)
+    if quant is not None and not isinstance(keys, tuple):
+        return quantize(keys, quant), quantize(values, quant)
+    return keys, values
