@@ -18,7 +18,7 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from tests.unit.gguf_reference import GGUFFile, reference_logits
-from vllm_mlx.models.gguf import GGUFImportError, import_gguf
+from vllm_mlx.models.gguf import DIGEST_MEMO_DIR, GGUFImportError, import_gguf
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -178,6 +178,8 @@ def test_reimport_is_a_cache_hit(
     # No staging directory is left beside the published one.
     assert list((cache_root / "gguf").iterdir()) == [model_dir]
     assert len(model_dir.name) == 16
+    # The file's hash is remembered beside the imports (tests/unit/test_file_digest.py).
+    assert len(list((cache_root / DIGEST_MEMO_DIR).iterdir())) == 1
 
 
 def test_incomplete_directory_is_replaced(

@@ -8,13 +8,14 @@ quantization block, and rebuilding the tokenizer (see ``gguf_tokenizer``). Nothi
 requantized, so the imported model computes exactly what the GGUF holds.
 
 The result is cached under ``cache_root/gguf/<sha256[:16]>`` and is written to a temp dir
-beside it and renamed into place, so a crash never leaves a half-written model.
+beside it and renamed into place, so a crash never leaves a half-written model. The hash
+itself is remembered under ``cache_root/gguf-digests`` while the file is unchanged, so a
+restart does not read the whole GGUF again.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import os
 import pathlib
@@ -28,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 import structlog
 
+from vllm_mlx.models.file_digest import content_digest
 from vllm_mlx.models.gguf_header import BLOCK_NAMES, GLOBAL_NAMES, TENSOR_RE
 from vllm_mlx.models.gguf_tokenizer import TokenizerFacts, write_tokenizer_files
 
@@ -42,6 +44,8 @@ _REQUIRED_FILES = (
     "tokenizer_config.json",
 )
 _DIGEST_CHARS = 16
+# Beside `gguf/`: each GGUF path's hash, remembered by its stat (models/file_digest.py).
+DIGEST_MEMO_DIR = "gguf-digests"
 # GGUF's quantized block types (Q4_0, Q4_1, Q8_0) all use 32-weight blocks.
 _GGUF_GROUP_SIZE = 32
 
@@ -55,7 +59,7 @@ def import_gguf(gguf_path: pathlib.Path, cache_root: pathlib.Path) -> pathlib.Pa
 
     A second call with the same file content returns the existing directory untouched.
     """
-    digest = _file_digest(gguf_path)[:_DIGEST_CHARS]
+    digest = content_digest(gguf_path, cache_root / DIGEST_MEMO_DIR)[:_DIGEST_CHARS]
     parent = cache_root / "gguf"
     target = parent / digest
     if _is_complete(target):
@@ -80,14 +84,6 @@ def import_gguf(gguf_path: pathlib.Path, cache_root: pathlib.Path) -> pathlib.Pa
         seconds=round(time.perf_counter() - started, 2),
     )
     return target
-
-
-def _file_digest(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _is_complete(model_dir: pathlib.Path) -> bool:
