@@ -19,6 +19,7 @@ import pytest
 
 from vllm_mlx.models.sources import builtin_path
 from vllm_mlx.models.whisper_import import (
+    DIGEST_MEMO_DIR,
     WhisperImportError,
     import_ctranslate2_whisper,
     read_ctranslate2,
@@ -44,6 +45,8 @@ def test_import_is_cached_and_complete(imported: Path, tmp_path: Path) -> None:
     stamp = (imported / "weights.safetensors").stat().st_mtime_ns
     again = import_ctranslate2_whisper(builtin_path("whisper-tiny-en"), imported.parents[1])
     assert again == imported and (again / "weights.safetensors").stat().st_mtime_ns == stamp
+    # model.bin's hash is remembered beside the imports (tests/unit/test_file_digest.py).
+    assert len(list((imported.parents[1] / DIGEST_MEMO_DIR).iterdir())) == 1
 
 
 def test_bad_model_bin_is_refused(tmp_path: Path) -> None:

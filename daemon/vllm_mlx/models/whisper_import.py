@@ -10,12 +10,12 @@ the stored float16, so the import computes what the CTranslate2 model holds.
 
 The result (`weights.safetensors` + mlx-whisper's `config.json`) is cached under
 `cache_root/whisper/<sha256[:16]>`, written to a temporary directory beside it and
-renamed into place, so a crash never leaves a half-written model.
+renamed into place, so a crash never leaves a half-written model. model.bin's hash is
+remembered under `cache_root/whisper-digests` while the file is unchanged.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,11 +28,15 @@ import mlx.core as mx
 import numpy as np
 import structlog
 
+from vllm_mlx.models.file_digest import content_digest
+
 log = structlog.get_logger(__name__)
 
 _DTYPES = (np.float32, np.int8, np.int16, np.int32, np.float16)  # CTranslate2's ids 0-4
 _REQUIRED = ("config.json", "weights.safetensors")
 _DIGEST_CHARS = 16
+# Beside `whisper/`: model.bin's hash, remembered by its stat (models/file_digest.py).
+DIGEST_MEMO_DIR = "whisper-digests"
 
 
 class WhisperImportError(ValueError):
@@ -186,12 +190,9 @@ def convert(ct2_dir: Path, out_dir: Path) -> None:
 
 def import_ctranslate2_whisper(ct2_dir: Path, cache_root: Path) -> Path:
     """The mlx-whisper directory for `ct2_dir`, converted on first use and then cached."""
-    digest = hashlib.sha256()
-    with (ct2_dir / "model.bin").open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
+    digest = content_digest(ct2_dir / "model.bin", cache_root / DIGEST_MEMO_DIR)
     parent = cache_root / "whisper"
-    target = parent / digest.hexdigest()[:_DIGEST_CHARS]
+    target = parent / digest[:_DIGEST_CHARS]
     if all((target / name).is_file() for name in _REQUIRED):
         return target
     parent.mkdir(parents=True, exist_ok=True)
