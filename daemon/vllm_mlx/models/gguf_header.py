@@ -68,6 +68,7 @@ _SCALARS = {
     12: "d",
 }
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")  # a string's byte count, before its bytes
 _MAX_DIMS = 8
 
 
@@ -105,6 +106,20 @@ class _Reader:
     def string(self) -> str:
         return self.take(self.count()).decode("utf-8", errors="replace")
 
+    def skip_strings(self, length: int) -> None:
+        """Step over `length` strings without copying or decoding them: a vocabulary and
+        its merges are ~100k strings, and decoding each took 270 ms of every start (the
+        config check reads the header). Each string costs at least its 8-byte length, so
+        a corrupt count runs into the end of the file, not a long loop."""
+        data, pos, end = self.data, self.pos, len(self.data)
+        for _ in range(length):
+            if pos + 8 > end:
+                raise GGUFHeaderError(f"truncated header (needs byte {pos + 8})")
+            pos += 8 + _LENGTH.unpack_from(data, pos)[0]
+        if pos > end:
+            raise GGUFHeaderError(f"truncated header (needs byte {pos})")
+        self.pos = pos
+
     def value(self, kind: int, depth: int = 0) -> object:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
@@ -115,6 +130,9 @@ class _Reader:
         item_kind, length = int(self.unpack("I")), self.count()
         if item_kind in _SCALARS:  # skip fixed-size arrays without decoding them
             self.take(length * struct.calcsize(_SCALARS[item_kind]))
+            return None
+        if item_kind == _STRING:
+            self.skip_strings(length)
             return None
         for _ in range(length):
             self.value(item_kind, depth + 1)
