@@ -174,6 +174,16 @@ def _ready(spec: PeerSpec) -> bool:
     return reply.status_code == 200
 
 
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it is still there after 30 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @contextmanager
 def running(spec: PeerSpec, log_path: Path) -> Iterator[PeerSpec]:
     """Start the server, wait until it generates, stop it (SIGTERM, then SIGKILL)."""
@@ -191,9 +201,4 @@ def running(spec: PeerSpec, log_path: Path) -> Iterator[PeerSpec]:
             time.sleep(0.5)  # polling a readiness condition, not synchronising on time
         yield spec
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)

@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from bench.peers import (
     llama_server_spec,
     mlx_lm_spec,
     model_directory,
+    stop,
     vllm_mlx_spec,
 )
 
@@ -90,12 +90,7 @@ def time_start(spec: PeerSpec, log: Path) -> dict[str, float]:
             time.sleep(POLL_S)  # polling a readiness condition
         result = {"first answer": round(time.perf_counter() - started, 3)}
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
     return {**log_seconds(log, started_wall), **result}
 
 
