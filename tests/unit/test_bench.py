@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import math
+from pathlib import Path
 
 import pytest
 from bench import report
@@ -138,3 +140,18 @@ def test_report_tables_show_each_server_and_ratio() -> None:
     assert "| short | 16 | vllm-mlx (x) | 20.0 |" in table and "| peer |" in table
     ratios = report.ratio_table(rows, "vllm-mlx (x)", ["peer"])
     assert "| short | 16 | 2.00x | 2.00x |" in ratios
+
+
+def test_startup_reads_listening_and_the_first_model_ready_from_the_log(tmp_path: Path) -> None:
+    from bench.startup import log_seconds
+
+    log = tmp_path / "daemon.log"
+    log.write_text(
+        "not json\n"
+        '{"event": "listening", "timestamp": "2026-12-07T03:00:03.500000Z"}\n'
+        '{"event": "model ready", "timestamp": "2026-12-07T03:00:05.250000Z"}\n'
+        '{"event": "model ready", "timestamp": "2026-12-07T03:00:09.000000Z"}\n'
+        '{"event": "listening"}\n'
+    )
+    started = datetime.datetime(2026, 12, 7, 3, 0, 0, tzinfo=datetime.UTC).timestamp()
+    assert log_seconds(log, started) == {"listening": 3.5, "model ready": 5.25}
