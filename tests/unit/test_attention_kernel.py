@@ -391,3 +391,33 @@ def test_left_padding_leaves_a_rows_bits_as_alone(isa: str, pad: int) -> None:
         keep.reshape(1, 1, 1, -1),
     )
     assert same_bits(padded, alone)
+
+
+@pytest.mark.parametrize("positions", [1, 3])
+def test_left_padding_is_never_read(isa: str, positions: int) -> None:
+    """A batch row's left padding is skipped, not multiplied by zero: NaN there (which any
+    read would spread through P.V) changes no bit of any row. Rows with different
+    padding in one batch, several query positions, a mask per head."""
+    q = mx.random.normal((3, 9, positions, 64), key=mx.random.key(5))
+    k = mx.random.normal((3, 3, 90, 64), key=mx.random.key(6))
+    v = mx.random.normal((3, 3, 90, 64), key=mx.random.key(7))
+    pads = [0, 17, 61]
+    starts = mx.array(pads).reshape(3, 1, 1, 1)
+    position = mx.arange(90).reshape(1, 1, 1, -1)
+    keep = mx.broadcast_to(position >= starts, (3, 9, positions, 90))
+    # one head of row 1 starts later still: its block's first key is the smallest one
+    late = (mx.arange(9).reshape(1, 9, 1, 1) == 4) & (mx.arange(3).reshape(3, 1, 1, 1) == 1)
+    keep = keep & ~(late & (position < 40))
+    blank = mx.arange(90).reshape(1, 1, -1, 1) < starts  # K and V: positions on axis 2
+    nan_k, nan_v = mx.where(blank, mx.nan, k), mx.where(blank, mx.nan, v)
+    ext = qmm.extension()
+    clean = ext.sdpa_decode(q, k, v, 0.125, keep)
+    poisoned = ext.sdpa_decode(q, nan_k, nan_v, 0.125, keep)
+    assert not np.isnan(np.array(poisoned)).any()
+    assert same_bits(poisoned, clean)
+    for row, pad in enumerate(pads):  # and each row has its bits alone, unpadded
+        alone = ext.sdpa_decode(
+            q[row : row + 1], k[row : row + 1, :, pad:], v[row : row + 1, :, pad:], 0.125,
+            keep[row : row + 1, :, :, pad:],
+        )  # fmt: skip
+        assert same_bits(poisoned[row : row + 1], alone), row

@@ -226,3 +226,26 @@ def test_a_prefill_chunk_unpacks_the_cache_for_the_float_kernels(
     want = reference(q, keys, values, additive, 8, 32)
     got = attention.scaled_dot_product_attention(mx.array(q), keys, values, cache, 0.125, additive)
     assert same_bits(got, want)
+
+
+def test_left_padding_is_never_read(isa: str) -> None:
+    """Positions before every row's first kept key are not unpacked: NaN scales there
+    (which any read would spread) change no bit."""
+    k = mx.random.normal((2, 3, 200, 64), key=mx.random.key(1))
+    v = mx.random.normal((2, 3, 200, 64), key=mx.random.key(2))
+    q = mx.random.normal((2, 9, 1, 64), key=mx.random.key(4))
+    starts = mx.array([0, 130]).reshape(2, 1, 1, 1)
+    keep = mx.arange(200).reshape(1, 1, 1, -1) >= starts
+    cache = QuantizedKVCache(group_size=64, bits=4)
+    kq, vq = (tuple(x) for x in cache.update_and_fetch(k, v))
+    blank = mx.arange(200).reshape(1, 1, -1, 1) < starts
+
+    def poisoned(triple: tuple[mx.array, ...]) -> tuple[mx.array, ...]:
+        words, scales, biases = triple
+        return words, mx.where(blank, mx.nan, scales), mx.where(blank, mx.nan, biases)
+
+    ext = qmm.extension()
+    clean = ext.sdpa_decode_quantized(q, kq, vq, 0.125, 64, 4, keep)
+    got = ext.sdpa_decode_quantized(q, poisoned(kq), poisoned(vq), 0.125, 64, 4, keep)
+    assert not np.isnan(np.array(got)).any()
+    assert same_bits(got, clean)

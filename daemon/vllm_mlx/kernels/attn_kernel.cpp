@@ -1,6 +1,6 @@
 // Decode attention, per (sequence, KV head): the G query heads x M positions that share the
-// KV head are handled together (up to kBlock rows at a time), so each K and V row is loaded
-// once per block:
+// KV head are handled together, up to kBlock rows at a time over a tile of 64 positions
+// that stays in L1 for the next block, so each K and V row crosses the memory bus once:
 //   1. scores[g, t] = (q[g] * scale) . k[t]       (q scaled first, as MLX's fallback does)
 //   2. the mask: bool -> the float minimum where false (finite, like MLX's where()), or added
 //   3. softmax as MLX's precise CPU softmax: max, exp(x - max) with MLX's exp, * 1 / sum
@@ -270,34 +270,52 @@ void pv_avx2(const float* pr, int64_t sst, int ng, int T, const float* v, int64_
 
 #endif
 
-void apply_mask(const AttnProblem& p, int b, int h, int m, int valid, float* s) {
+// The mask over keys [from, valid) of row (b, h, m)'s scores s.
+void apply_mask(const AttnProblem& p, int b, int h, int m, int from, int valid, float* s) {
   int64_t base = b * p.mask_strides[0] + h * p.mask_strides[1] + m * p.mask_strides[2];
   int64_t st = p.mask_strides[3];
   if (p.mask_kind == MaskKind::boolean) {
     const bool* keep = static_cast<const bool*>(p.mask) + base;
-    for (int t = 0; t < valid; ++t) {
+    for (int t = from; t < valid; ++t) {
       if (!keep[t * st]) {
         s[t] = std::numeric_limits<float>::lowest(); // MLX: finfo(float32).min
       }
     }
   } else if (p.mask_kind == MaskKind::additive) {
     const float* add = static_cast<const float*>(p.mask) + base;
-    for (int t = 0; t < valid; ++t) {
+    for (int t = from; t < valid; ++t) {
       s[t] += add[t * st];
     }
   }
 }
 
-// The first key a bool mask keeps for this row, or 0 when it keeps none before `valid`
-// (then, as MLX, the softmax of equal minima over them all).
-int first_kept(const AttnProblem& p, int b, int h, int m, int valid) {
+// Where row (b, h, m)'s bool mask row starts, or null without a bool mask.
+const bool* keep_row(const AttnProblem& p, int b, int h, int m) {
   if (p.mask_kind != MaskKind::boolean) {
+    return nullptr;
+  }
+  return static_cast<const bool*>(p.mask) + b * p.mask_strides[0] + h * p.mask_strides[1] +
+         m * p.mask_strides[2];
+}
+
+// The first key a bool mask row keeps, or 0 when it keeps none before `valid` (then, as
+// MLX, the softmax of equal minima over them all) or there is no bool mask. A batch
+// cache's left padding is a run of excluded keys at the front of every decode row, as
+// long as the batch's longest row is longer than this one: contiguous rows are scanned
+// eight keys at a time.
+int first_kept(const AttnProblem& p, const bool* keep, int valid) {
+  if (keep == nullptr) {
     return 0;
   }
-  const bool* keep = static_cast<const bool*>(p.mask) + b * p.mask_strides[0] +
-                     h * p.mask_strides[1] + m * p.mask_strides[2];
+  const int64_t st = p.mask_strides[3];
   int first = 0;
-  while (first < valid && !keep[first * p.mask_strides[3]]) {
+  if (st == 1) {
+    uint64_t word = 0;
+    while (first + 8 <= valid && (std::memcpy(&word, keep + first, 8), word == 0)) {
+      first += 8;
+    }
+  }
+  while (first < valid && !keep[first * st]) {
     ++first;
   }
   return first == valid ? 0 : first;
@@ -352,7 +370,12 @@ Kernels kernels() {
   return {scores_scalar, pv_scalar, dequant_scalar};
 }
 
-constexpr int kPositions = 64; // positions of a quantized K or V dequantized at a time
+// Positions of K or V per tile: every block of query rows passes over a tile before the
+// next one is read, so K and V cross the memory bus once per (sequence, KV head) however
+// many rows share them (G query heads x M positions: 12 for a 4-token chunk of the
+// bundled model, 3 blocks of kBlock) and the later blocks read the tile from L1 (64 rows
+// of 64 floats: 16 KB). A quantized tile is unpacked into a buffer this long.
+constexpr int kPositions = 64;
 
 // Rows [t0, t0 + n) of sequence b, KV head kh into out ([n][D], row-major).
 void dequant_rows(const QuantizedRows& rows, const Kernels& kern, int b, int kh, int t0, int n,
@@ -370,75 +393,101 @@ void dequant_rows(const QuantizedRows& rows, const Kernels& kern, int b, int kh,
 }
 
 // One (sequence b, KV head kh): its G query heads x M positions, rows r = g * M + m (the
-// output's order), in blocks of kBlock rows per pass over K and V.
+// output's order), in blocks of kBlock rows per pass over a tile of K or V.
+//
+// A batch cache's left padding: the keys before a row's first kept one are left out of
+// the softmax (they would add exact zeros), so its 16 lanes count from that key and the
+// row's sums run as they do for the sequence alone: bit for bit, whatever the padding
+// (rows join, leave and are moved right in a batch). Keys before every row's first kept
+// one (`lo`) are not read at all: their scores would be overwritten with zeros, and P.V
+// would add exact zeros for them in position order (fma(+0, v, acc) is acc), so skipping
+// them keeps the bits, and a short row in a batch with a long one pays for its own
+// length, not the longest row's.
 void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
   const int G = p.Hq / p.Hkv;
   const int R = G * p.M;
   const bool quantized = p.bits != 0;
   thread_local std::vector<float> scratch; // per thread: workers get their own
+  thread_local std::vector<int> spans; // per row: its first kept key and its valid keys
   scratch.resize(static_cast<size_t>(R) * (p.D + p.T) +
                  (quantized ? static_cast<size_t>(kPositions) * std::max(p.D, p.Dv) : 0));
+  spans.resize(2 * static_cast<size_t>(R));
   float* qs = scratch.data();
   float* s = qs + static_cast<size_t>(R) * p.D;
-  float* rows = s + static_cast<size_t>(R) * p.T; // a block of dequantized K or V
+  float* rows = s + static_cast<size_t>(R) * p.T; // a tile of dequantized K or V
+  int lo = p.T;
+  const bool* last_keep = nullptr; // rows sharing a mask row (heads broadcast) scan it once
+  int last_valid = -1, last_first = 0;
   for (int r = 0; r < R; ++r) {
-    const float* qr = p.q + b * p.q_strides[0] + (kh * G + r / p.M) * p.q_strides[1] +
-                      (r % p.M) * p.q_strides[2];
+    const int m = r % p.M;
+    const int h = kh * G + r / p.M;
+    const float* qr = p.q + b * p.q_strides[0] + h * p.q_strides[1] + m * p.q_strides[2];
     for (int d = 0; d < p.D; ++d) {
       qs[r * p.D + d] = qr[d] * p.scale;
     }
+    // Causally excluded keys get exactly 0 (as exp of the float minimum minus the max
+    // would), so the softmax leaves them out and P.V adds exact zeros for them.
+    const int valid = p.causal ? std::clamp(p.T - p.M + m + 1, 0, p.T) : p.T;
+    const bool* keep = keep_row(p, b, h, m);
+    int first = 0;
+    if (valid > 0 && keep != nullptr) {
+      if (keep != last_keep || valid != last_valid) {
+        last_keep = keep;
+        last_valid = valid;
+        last_first = first_kept(p, keep, valid);
+      }
+      first = last_first;
+    }
+    spans[2 * r] = first;
+    spans[2 * r + 1] = valid;
+    lo = std::min(lo, first);
   }
   const float* k = quantized ? nullptr : p.k + b * p.k_strides[0] + kh * p.k_strides[1];
   const float* v = quantized ? nullptr : p.v + b * p.v_strides[0] + kh * p.v_strides[1];
-  if (!quantized) {
-    for (int r = 0; r < R; r += kBlock) {
-      kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, k, p.k_strides[2], p.T,
-                  s + static_cast<size_t>(r) * p.T, p.T);
-    }
-  } else {
-    for (int t0 = 0; t0 < p.T; t0 += kPositions) {
-      const int n = std::min(kPositions, p.T - t0);
+  for (int t0 = lo; t0 < p.T; t0 += kPositions) {
+    const int n = std::min(kPositions, p.T - t0);
+    const float* tile = rows;
+    int64_t stride = p.D;
+    if (!quantized) {
+      tile = k + t0 * p.k_strides[2];
+      stride = p.k_strides[2];
+    } else {
       dequant_rows(p.kq, kern, b, kh, t0, n, p.D, p, rows);
-      for (int r = 0; r < R; r += kBlock) {
-        kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, rows, p.D, n,
-                    s + static_cast<size_t>(r) * p.T + t0, p.T);
-      }
+    }
+    for (int r = 0; r < R; r += kBlock) {
+      kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, tile, stride, n,
+                  s + static_cast<size_t>(r) * p.T + t0, p.T);
     }
   }
   for (int r = 0; r < R; ++r) {
     const int m = r % p.M;
     float* row = s + static_cast<size_t>(r) * p.T;
-    // Causally excluded keys get exactly 0 (as exp of the float minimum minus the max
-    // would), so the softmax leaves them out and P.V adds exact zeros for them.
-    const int valid = p.causal ? std::clamp(p.T - p.M + m + 1, 0, p.T) : p.T;
+    const int first = spans[2 * r], valid = spans[2 * r + 1];
     if (valid == 0) { // sees no key: MLX's softmax of equal minima, uniform over all T
       std::fill(row, row + p.T, 1.0f / static_cast<float>(p.T));
       continue;
     }
-    apply_mask(p, b, kh * G + r / p.M, m, valid, row);
-    // A batch cache's left padding: the keys before the row's first kept one are left out
-    // of the softmax (they would add exact zeros), so its 16 lanes count from that key and
-    // the row's sums run as they do for the sequence alone: bit for bit, whatever the
-    // padding (rows join, leave and are moved right in a batch).
-    const int first = first_kept(p, b, kh * G + r / p.M, m, valid);
+    apply_mask(p, b, kh * G + r / p.M, m, first, valid, row);
     softmax(row + first, valid - first);
-    std::fill(row, row + first, 0.0f);
+    std::fill(row + lo, row + first, 0.0f);
     std::fill(row + valid, row + p.T, 0.0f);
   }
   float* out = p.out + (static_cast<size_t>(b) * p.Hq + kh * G) * p.M * p.Dv;
-  if (!quantized) {
-    for (int r = 0; r < R; r += kBlock) {
-      kern.pv(s + static_cast<size_t>(r) * p.T, p.T, std::min(kBlock, R - r), p.T, v,
-              p.v_strides[2], p.Dv, out + static_cast<size_t>(r) * p.Dv, false);
-    }
-    return;
-  }
-  for (int t0 = 0; t0 < p.T; t0 += kPositions) { // sums block by block, in position order
+  // Sums tile by tile in position order: each output element's additions run as one
+  // pass over all positions would run them (the partial sums are stored and reloaded).
+  for (int t0 = lo; t0 < p.T; t0 += kPositions) {
     const int n = std::min(kPositions, p.T - t0);
-    dequant_rows(p.vq, kern, b, kh, t0, n, p.Dv, p, rows);
+    const float* tile = rows;
+    int64_t stride = p.Dv;
+    if (!quantized) {
+      tile = v + t0 * p.v_strides[2];
+      stride = p.v_strides[2];
+    } else {
+      dequant_rows(p.vq, kern, b, kh, t0, n, p.Dv, p, rows);
+    }
     for (int r = 0; r < R; r += kBlock) {
-      kern.pv(s + static_cast<size_t>(r) * p.T + t0, p.T, std::min(kBlock, R - r), n, rows,
-              p.Dv, p.Dv, out + static_cast<size_t>(r) * p.Dv, t0 > 0);
+      kern.pv(s + static_cast<size_t>(r) * p.T + t0, p.T, std::min(kBlock, R - r), n, tile,
+              stride, p.Dv, out + static_cast<size_t>(r) * p.Dv, t0 > lo);
     }
   }
 }
