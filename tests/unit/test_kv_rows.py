@@ -96,3 +96,29 @@ def test_a_stored_row_goes_back_into_a_batch() -> None:
     assert mx.array_equal(again.keys[0], batch.keys[0][..., : again._idx, :])
     plain_row = BatchKVCache.from_rows(row_caches([_plain(4, 1)], None, None), None).extract(0)
     assert type(plain_row) is RowKVCache and plain_row.offset == 4
+
+
+def test_extending_lines_rows_up_as_mlx_lm_and_leaves_room_for_the_next_step() -> None:
+    """A long row joining short ones: the same K, V, padding and offsets as mlx-lm's extend
+    over the used positions, zeros in the padding, and a buffer the next decode step writes
+    into in place (mlx-lm's is exactly as long as the long row: its first step copies
+    the whole batch cache to grow it)."""
+    short, long = [_plain(5, 1), _plain(9, 2)], [_plain(300, 3)]
+    ours = BatchKVCache.from_rows(row_caches(short, "a", None), None)
+    ours.extend(BatchKVCache.from_rows(row_caches(long, "b", None), None))
+    theirs = MlxBatchKVCache.merge(short)
+    theirs.extend(MlxBatchKVCache.merge(long))
+    used = theirs._idx
+    assert ours._idx == used == 300 and ours.tags == ["a", "a", "b"]
+    for mine, want in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
+        assert mx.array_equal(mine[..., :used, :], want[..., :used, :])
+        assert not mx.any(mine[:2, :, : 300 - 9, :]).item()  # padding is zeros
+    assert ours.left_padding.tolist() == theirs.left_padding.tolist() == [295, 291, 0]
+    assert ours.offset.tolist() == theirs.offset.tolist() == [5, 9, 300]
+    assert ours.decode_slot() == 300 and ours.keys.shape[2] == 512
+    assert theirs.keys.shape[2] == 300  # no room: the next step grows it by a copy
+    # a batch without K or V yet joins as rows of zeros
+    empty = BatchKVCache.from_rows(row_caches([KVCache()], None, None), None)  # type: ignore[no-untyped-call]
+    empty.extend(BatchKVCache.from_rows(row_caches(short, None, None), None))
+    assert empty.keys.shape[0] == 3 and not mx.any(empty.keys[0]).item()
+    assert mx.array_equal(empty.keys[1:, :, :9, :], MlxBatchKVCache.merge(short).keys)

@@ -52,19 +52,6 @@ def parts(kv: Tensor) -> list[mx.array]:
     return list(kv) if isinstance(kv, tuple) else [kv]
 
 
-def padded(kv: Tensor, pad: int) -> Tensor:
-    """`pad` blank positions before a row's first."""
-    if pad == 0:
-        return kv
-    return each(lambda x: mx.pad(x, [(0, 0), (0, 0), (pad, 0), (0, 0)]), kv)
-
-
-def stack(rows: list[Tensor]) -> Tensor:
-    if isinstance(rows[0], tuple):
-        return tuple(mx.concatenate(list(parts), axis=0) for parts in zip(*rows, strict=True))
-    return mx.concatenate(rows, axis=0)
-
-
 def row_tensors(row: Any, quant: KVQuantization | None) -> tuple[Tensor, Tensor]:
     """A row's K and V over its own length: quantized when `quant` is given."""
     n = int(row.offset)
