@@ -11,9 +11,9 @@ mlx-lm directory, llama-server on the GGUF it came from):
   token generated; the servers' order rotates each round so load drift favours none;
 - **stall**: 8 streams decode; once each has streamed a while, a ~4k-token prompt
   arrives; the streams' gaps between tokens while it is read (p50, p99, max) against
-  their median before it and their median while it is read, for vllm-mlx with prefill
-  pacing (`engine.max_prefill_stall`, the default) and without (`null`), and
-  llama-server.
+  their median before it and their median while it is read, and their median while
+  its reply (up to 64 tokens) decodes beside them; for vllm-mlx with prefill pacing
+  (`engine.max_prefill_stall`, the default) and without (`null`), and llama-server.
 
 Prints markdown with the raw numbers, the CPU and the load average.
 """
@@ -56,6 +56,9 @@ RUN = int(time.time()) % 10_000 * 1_000
 STREAMS = 8
 STREAM_TOKENS = 2000  # more than any stream needs: the streams are cut off at the end
 WARM_CHUNKS = 24  # tokens each stream shows before the long prompt arrives
+# The long prompt's reply: the streams' gaps while it decodes beside them show what its
+# long cache costs them (a batch's attention over the longest row's positions).
+LONG_TOKENS = 64
 
 
 def long_prompt(tokens: int, seed: int) -> list[dict[str, str]]:
@@ -68,14 +71,16 @@ def long_prompt(tokens: int, seed: int) -> list[dict[str, str]]:
     ]
 
 
-async def time_one(base_url: str, model: str, messages: list[dict[str, str]]) -> tuple[float, int]:
-    """Seconds to the first streamed token, and the prompt tokens the server counted.
-    Two tokens are asked for: with one, a server may end the request (store its cache)
-    before it sends the token."""
+async def time_one(
+    base_url: str, model: str, messages: list[dict[str, str]], max_tokens: int = 2
+) -> tuple[float, float, int]:
+    """Seconds to the first streamed token and to the last chunk, and the prompt tokens
+    the server counted. Two tokens by default: with one, a server may end the request
+    (store its cache) before it sends the token."""
     body = {
         "model": model,
         "messages": messages,
-        "max_tokens": 2,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -95,9 +100,10 @@ async def time_one(base_url: str, model: str, messages: list[dict[str, str]]) ->
                     first = time.perf_counter() - started
                 if chunk.get("usage"):
                     counted = int(chunk["usage"]["prompt_tokens"])
+        done = time.perf_counter() - started
     if first is None:
         raise RuntimeError(f"{base_url}: no token streamed")
-    return first, counted
+    return first, done, counted
 
 
 def ttft_table(live: list[PeerSpec], rounds: int) -> None:
@@ -110,7 +116,7 @@ def ttft_table(live: list[PeerSpec], rounds: int) -> None:
         for spec in live[shift:] + live[:shift]:
             for length in LENGTHS:
                 seed = 100 * r + length // 512
-                seconds, counted = asyncio.run(
+                seconds, _, counted = asyncio.run(
                     time_one(spec.base_url, spec.model_id, long_prompt(length, seed))
                 )
                 times.setdefault((spec.label, length), []).append(seconds)
@@ -182,18 +188,22 @@ async def stall(spec: PeerSpec, length: int, seed: int) -> dict[str, float]:
                 raise RuntimeError(f"{spec.label}: a stream ended before the long prompt")
             await asyncio.sleep(0.05)  # polling a condition on the streams, not timing
         arrived = time.perf_counter()
-        seconds, counted = await time_one(spec.base_url, spec.model_id, long_prompt(length, seed))
-        read = arrived + seconds
+        seconds, done, counted = await time_one(
+            spec.base_url, spec.model_id, long_prompt(length, seed), LONG_TOKENS
+        )
+        read, decoded = arrived + seconds, arrived + done
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    before, during = [], []
+    before, during, beside = [], [], []
     for s in streams:
         for a, b in zip(s.chunk_times, s.chunk_times[1:], strict=False):
             if b <= arrived:
                 before.append(b - a)
             elif b <= read:
                 during.append(b - a)
+            elif a >= read and b <= decoded:
+                beside.append(b - a)
     usual = statistics.median(before)
     return {
         "prompt_tokens": counted,
@@ -204,6 +214,9 @@ async def stall(spec: PeerSpec, length: int, seed: int) -> dict[str, float]:
         "p99": percentile(during, 99),
         "max": max(during) if during else float("nan"),
         "gaps": len(during),
+        # while the long prompt's own tokens are decoded beside the streams
+        "beside_p50": percentile(beside, 50) if beside else float("nan"),
+        "beside_gaps": len(beside),
     }
 
 
@@ -212,9 +225,9 @@ def stall_table(specs: list[PeerSpec], work: Path, rounds: int) -> None:
     print(
         "| round | server | prompt tokens | its TTFT s | streams' gap before, median / p99 ms "
         "| gap while read p50 / p99 / max ms | p99 / median before | p99 / median while read "
-        "| gaps |"
+        "| gaps | gap while it decodes p50 ms (gaps) | that / median before |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in range(rounds):
         shift = r % len(specs)
         for spec in specs[shift:] + specs[:shift]:
@@ -226,7 +239,9 @@ def stall_table(specs: list[PeerSpec], work: Path, rounds: int) -> None:
                 f"| {1000 * row['p50']:.0f} / "
                 f"{1000 * row['p99']:.0f} / {1000 * row['max']:.0f} "
                 f"| {row['p99'] / row['usual']:.1f}x | {row['p99'] / row['p50']:.1f}x "
-                f"| {row['gaps']:.0f} |",
+                f"| {row['gaps']:.0f} "
+                f"| {1000 * row['beside_p50']:.0f} ({row['beside_gaps']:.0f}) "
+                f"| {row['beside_p50'] / row['usual']:.1f}x |",
                 flush=True,
             )
     print()

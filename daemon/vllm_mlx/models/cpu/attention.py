@@ -17,6 +17,8 @@ bundled model took 157-227 ms with it, 31-33 ms with the kernel, less than float
 A row's arithmetic never depends on its batch: a bool mask's leading excluded keys (a
 batch cache's left padding) are left out of the softmax's 16 lanes, so a row gets the
 bits it gets alone whatever padding its batch gives it (tests bind this, quantized too).
+Nor are they read: beside a 4k-token row, a 700-token row's attention costs 700
+positions, not 4,096 (tests poison the padding with NaN).
 
 mlx_lm's model modules call `scaled_dot_product_attention` from `mlx_lm.models.base`
 through their own module global, so swapping that global routes every attention layer of
