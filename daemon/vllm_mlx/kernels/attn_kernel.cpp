@@ -444,18 +444,24 @@ void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
   }
   const float* k = quantized ? nullptr : p.k + b * p.k_strides[0] + kh * p.k_strides[1];
   const float* v = quantized ? nullptr : p.v + b * p.v_strides[0] + kh * p.v_strides[1];
+  // Positions [t0, t0 + n) of K or V and their stride: in place in the cache, or unpacked
+  // into `rows` from a quantized one.
+  auto tile = [&](const float* in_place, const int64_t* strides, const QuantizedRows& packed,
+                  int dim, int t0, int n, int64_t& stride) -> const float* {
+    if (!quantized) {
+      stride = strides[2];
+      return in_place + t0 * strides[2];
+    }
+    dequant_rows(packed, kern, b, kh, t0, n, dim, p, rows);
+    stride = dim;
+    return rows;
+  };
   for (int t0 = lo; t0 < p.T; t0 += kPositions) {
     const int n = std::min(kPositions, p.T - t0);
-    const float* tile = rows;
-    int64_t stride = p.D;
-    if (!quantized) {
-      tile = k + t0 * p.k_strides[2];
-      stride = p.k_strides[2];
-    } else {
-      dequant_rows(p.kq, kern, b, kh, t0, n, p.D, p, rows);
-    }
+    int64_t stride = 0;
+    const float* keys = tile(k, p.k_strides, p.kq, p.D, t0, n, stride);
     for (int r = 0; r < R; r += kBlock) {
-      kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, tile, stride, n,
+      kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, keys, stride, n,
                   s + static_cast<size_t>(r) * p.T + t0, p.T);
     }
   }
@@ -477,16 +483,10 @@ void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
   // pass over all positions would run them (the partial sums are stored and reloaded).
   for (int t0 = lo; t0 < p.T; t0 += kPositions) {
     const int n = std::min(kPositions, p.T - t0);
-    const float* tile = rows;
-    int64_t stride = p.Dv;
-    if (!quantized) {
-      tile = v + t0 * p.v_strides[2];
-      stride = p.v_strides[2];
-    } else {
-      dequant_rows(p.vq, kern, b, kh, t0, n, p.Dv, p, rows);
-    }
+    int64_t stride = 0;
+    const float* values = tile(v, p.v_strides, p.vq, p.Dv, t0, n, stride);
     for (int r = 0; r < R; r += kBlock) {
-      kern.pv(s + static_cast<size_t>(r) * p.T + t0, p.T, std::min(kBlock, R - r), n, tile,
+      kern.pv(s + static_cast<size_t>(r) * p.T + t0, p.T, std::min(kBlock, R - r), n, values,
               stride, p.Dv, out + static_cast<size_t>(r) * p.Dv, t0 > lo);
     }
   }
