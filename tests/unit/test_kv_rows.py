@@ -122,3 +122,35 @@ def test_extending_lines_rows_up_as_mlx_lm_and_leaves_room_for_the_next_step() -
     empty.extend(BatchKVCache.from_rows(row_caches(short, None, None), None))
     assert empty.keys.shape[0] == 3 and not mx.any(empty.keys[0]).item()
     assert mx.array_equal(empty.keys[1:, :, :9, :], MlxBatchKVCache.merge(short).keys)
+
+
+def test_a_prompt_read_in_chunks_grows_its_buffer_once() -> None:
+    """With the prompt's length reserved, the first chunk that needs room grows the
+    buffers to the prompt's end and every later chunk writes in place; the K and V are
+    mlx-lm's. Without it, mlx-lm's steps of 256."""
+    k = mx.random.normal((1, HEADS, 1000, DIM), key=mx.random.key(8))
+    v = mx.random.normal((1, HEADS, 1000, DIM), key=mx.random.key(9))
+    reserved = BatchKVCache.from_rows(row_caches([KVCache()], None, None, 1000), None)  # type: ignore[no-untyped-call]
+    plain = BatchKVCache.from_rows(row_caches([KVCache()], None, None), None)  # type: ignore[no-untyped-call]
+    theirs = MlxBatchKVCache([0])
+    sizes, plain_sizes = set(), []
+    for start in range(0, 1000, 100):
+        chunk = (k[..., start : start + 100, :], v[..., start : start + 100, :])
+        got, _ = reserved.update_and_fetch(*chunk)
+        plain.update_and_fetch(*chunk)
+        want, _ = theirs.update_and_fetch(*chunk)
+        assert mx.array_equal(got, want)
+        sizes.add(reserved.keys.shape[2])
+        plain_sizes.append(plain.keys.shape[2])
+    assert sizes == {1024}
+    assert plain_sizes[:3] == [256, 256, 456]  # mlx-lm's steps: a copy at each
+    # a cached prefix: the reserve counts from where each row sits in the batch
+    rows = [
+        *row_caches([_plain(5, 1)], None, None, 300),
+        *row_caches([_plain(9, 2)], None, None, 20),
+    ]
+    batch = BatchKVCache.from_rows(rows, None)
+    assert batch.reserve == 4 + 300
+    batch.update_and_fetch(mx.zeros((2, HEADS, 50, DIM)), mx.zeros((2, HEADS, 50, DIM)))
+    assert batch.keys.shape[2] == 512 and batch._idx == 59
+    assert mx.array_equal(batch.keys[0:1, :, 4:9, :], _plain(5, 1).keys[..., :5, :])

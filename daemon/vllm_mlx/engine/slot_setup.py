@@ -121,7 +121,7 @@ def insert_row(
         max_tokens=[request.max_tokens],
         # The cached prefix's tokens go in all_tokens so the sequence's token record
         # (the key its cache is stored under when it ends) stays whole.
-        caches=[row_caches(layers, request.adapter, quant)],
+        caches=[row_caches(layers, request.adapter, quant, len(request.prompt_tokens))],
         all_tokens=[list(request.prompt_tokens[: hit.cached])],
         samplers=[sampler],
         logits_processors=[processors],

@@ -60,10 +60,13 @@ class RowKVCache(KVCache):
     """One sequence's full-precision cache, as mlx-lm's, with the row's tag and its
     model's quantization (so `merge` can build the batch without other context)."""
 
-    def __init__(self, tag: Hashable = None, quant: KVQuantization | None = None) -> None:
+    def __init__(
+        self, tag: Hashable = None, quant: KVQuantization | None = None, reserve: int = 0
+    ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.tag = tag
         self.quant = quant
+        self.reserve = reserve  # the positions the row holds once its prompt is read
 
     def merge(self, caches: Sequence[Any]) -> BatchKVCache:  # type: ignore[override]
         return BatchKVCache.from_rows(caches, self.quant)
@@ -85,9 +88,14 @@ class QuantizedRowKVCache(QuantizedKVCache):
 
 
 def row_caches(
-    layers: list[Any], tag: Hashable = None, quant: KVQuantization | None = None
+    layers: list[Any],
+    tag: Hashable = None,
+    quant: KVQuantization | None = None,
+    reserve: int = 0,
 ) -> list[Any]:
-    """A row's per-layer caches as this module's kinds, carrying `tag` and `quant`.
+    """A row's per-layer caches as this module's kinds, carrying `tag` and `quant`, and
+    `reserve`: the positions the row will hold once its prompt is read (its full-precision
+    batch grows to that at once, not chunk by chunk).
 
     Plain KV layers (fresh from make_prompt_cache, or a prefix-cache hit) become row
     caches; a full-precision one already past `quantized_after` is quantized now.
@@ -110,7 +118,7 @@ def row_caches(
                 row.offset = layer.offset
                 out.append(row)
                 continue
-            row = RowKVCache(tag, quant)
+            row = RowKVCache(tag, quant, reserve)
         else:
             out.append(layer)
             continue
@@ -141,6 +149,9 @@ class BatchKVCache(mlx_cache.BatchKVCache):
         self.tags: list[Hashable] = list(tags) if tags is not None else [None] * len(left_padding)
         self.quant = quant
         self.quantized = False
+        # Positions the batch's buffers grow to at once when a prompt chunk needs room: the
+        # end of its longest prompt (see _room_for_the_prompts); 0: mlx-lm's steps.
+        self.reserve = 0
 
     # mlx_lm's attention takes the quantized path when the cache has `bits`: only once
     # K and V really are quantized.
@@ -166,6 +177,10 @@ class BatchKVCache(mlx_cache.BatchKVCache):
         longest = max(lengths, default=0)
         padding = [longest - n for n in lengths]
         batch = cls(padding, tags, quant)
+        batch.reserve = max(
+            (pad + getattr(r, "reserve", 0) for pad, r in zip(padding, rows, strict=True)),
+            default=0,
+        )
         if longest == 0:
             return batch
         quantize = quant is not None and (
@@ -193,6 +208,7 @@ class BatchKVCache(mlx_cache.BatchKVCache):
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Tensor, Tensor]:
         if not self.quantized:
+            self._room_for_the_prompts(keys, values)
             fetched: tuple[Tensor, Tensor] = super().update_and_fetch(keys, values)  # type: ignore[no-untyped-call]
             if self.quant is None or self._idx < self.quant.quantized_after:
                 return fetched
@@ -210,6 +226,29 @@ class BatchKVCache(mlx_cache.BatchKVCache):
         self.offset = self.offset + n
         self._idx += n
         return self.keys_and_values()
+
+    def _room_for_the_prompts(self, keys: mx.array, values: mx.array) -> None:
+        """Where a chunk does not fit and the prompts go further (`reserve`), grow the
+        buffers to the prompts' end once. mlx-lm grows by the chunk (rounded up to 256
+        positions), copying the whole cache each time: for a 4k-token prompt read in
+        512-token chunks, 8 copies of a growing cache; in the 4-16-token chunks paced
+        beside decoding streams, 16 copies, each one a step that stalls them."""
+        needed = self._idx + keys.shape[2]
+        capacity = 0 if self.keys is None else first(self.keys).shape[2]
+        if needed <= capacity or self.reserve <= needed:
+            return
+        size = (self.reserve + self.step - 1) // self.step * self.step
+        used = self._idx
+
+        def grown(old: Any, new: mx.array) -> mx.array:
+            shape = (new.shape[0], new.shape[1], size, new.shape[3])
+            buffer = mx.zeros(shape, new.dtype)
+            if old is not None and used:
+                buffer[..., :used, :] = old[..., :used, :]
+            return buffer
+
+        self.keys = cast(Any, grown(self.keys, keys))  # mlx_lm types them None
+        self.values = cast(Any, grown(self.values, values))
 
     # --- one decode step's K and V written in place (models/cpu/decoder.py) -------------
 
@@ -265,10 +304,14 @@ class BatchKVCache(mlx_cache.BatchKVCache):
                 self.values = each(lambda x: x[..., shift:, :], self.values)
             self._idx -= shift
             self.left_padding -= shift
+            self.reserve = max(0, self.reserve - shift)
 
     def extend(self, other: Any) -> None:
         other = _as_batch(other, self.quant)
         self.tags = self.tags + other.tags
+        # Each batch's rows end up at `end`: their prompts' end moves with them.
+        end = max(self._idx, other._idx)
+        self.reserve = max(b.reserve + end - b._idx for b in (self, other))
         if self.keys is None and other.keys is None:
             self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
             self.offset = mx.concatenate([self.offset, other.offset])
@@ -277,7 +320,6 @@ class BatchKVCache(mlx_cache.BatchKVCache):
             for batch in (self, other):
                 if not batch.quantized:
                     batch._quantize_all()
-        end = max(self._idx, other._idx)
         # Room for the next decode step's K and V: a buffer just `end` long would be copied
         # whole again by the first step after the join to grow by mlx-lm's 256 positions.
         room = (end // self.step + 1) * self.step
