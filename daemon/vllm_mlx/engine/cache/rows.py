@@ -16,9 +16,8 @@ alike. Two things ride on that bookkeeping here:
   rows through every merge, extend and filter, so a model wrapper can read which rows
   the current forward pass computes from `cache_tags(cache)`.
 
-A join (`extend`) writes every row into one zeroed buffer with room for the next decode
-step, where mlx-lm pads each batch and then concatenates them (two copies of the whole
-batch cache, and a third when the first step grows it): see `_right_justified`.
+A join (`extend`) writes every row once into one buffer with room for the next step
+(kv_tensors.right_justified), where mlx-lm copies the whole batch twice, then again.
 
 The decision to quantize is per batch: a short row that joins a quantized batch is
 quantized with it. With `quantized_after: 0` (the default) every row is quantized from
@@ -43,6 +42,7 @@ from vllm_mlx.engine.cache.kv_tensors import (
     ints,
     parts,
     quantize,
+    right_justified,
     row_tensors,
 )
 
@@ -192,13 +192,12 @@ class BatchKVCache(mlx_cache.BatchKVCache):
             if r.keys is not None
         }
         found = [(tensors.get(i), n) for i, n in enumerate(lengths)]
-        for side in (0, 1):
-            blocks = [(None if kv is None else kv[side], n, 1) for kv, n in found]
-            joined = _right_justified(blocks, longest, longest)
-            if side == 0:
-                batch.keys = joined
-            else:
-                batch.values = joined
+        batch.keys, batch.values = (
+            right_justified(
+                [(None if kv is None else kv[side], n, 1) for kv, n in found], longest, longest
+            )
+            for side in (0, 1)
+        )
         batch.quantized = quantize
         batch.offset = batch.offset + longest
         batch._idx = longest
@@ -326,10 +325,10 @@ class BatchKVCache(mlx_cache.BatchKVCache):
         size = max([room] + [first(b.keys).shape[2] for b in (self, other) if b.keys is not None])
         batches = (self, other)
         rows = [int(b.offset.shape[0]) for b in batches]
-        self.keys = _right_justified(
+        self.keys = right_justified(
             [(b.keys, b._idx, n) for b, n in zip(batches, rows, strict=True)], end, size
         )
-        self.values = _right_justified(
+        self.values = right_justified(
             [(b.values, b._idx, n) for b, n in zip(batches, rows, strict=True)], end, size
         )
         self.offset = mx.concatenate([self.offset, other.offset])
@@ -401,30 +400,3 @@ def _as_batch(other: Any, quant: KVQuantization | None) -> BatchKVCache:
     batch.keys, batch.values = other.keys, other.values
     batch.offset, batch.left_padding, batch._idx = other.offset, other.left_padding, other._idx
     return batch
-
-
-def _right_justified(blocks: Sequence[tuple[Tensor, int, int]], end: int, size: int) -> Tensor:
-    """K or V of several blocks of rows stacked in one buffer `size` positions long, each
-    block's first `length` positions moved to end at `end` (as mlx-lm's extend lines two
-    batches up): `blocks` are (K or V or None for rows without any yet, length, rows).
-
-    One zeroed buffer with each block written into it: mlx-lm pads every block to the
-    full length and then concatenates them, two copies of the whole batch cache, and
-    when a long prompt joins a batch of short rows that buffer is every row times the
-    long row's length (~1.7 GB for 9 rows of the bundled model at 4k positions)."""
-    template = next(kv for kv, _, _ in blocks if kv is not None)
-    total = sum(rows for _, _, rows in blocks)
-
-    def joined(part: int) -> mx.array:
-        like = parts(template)[part]
-        buffer = mx.zeros((total, like.shape[1], size, like.shape[3]), like.dtype)
-        start = 0
-        for kv, length, rows in blocks:
-            if kv is not None and length:
-                live = parts(kv)[part][..., :length, :]
-                buffer[start : start + rows, :, end - length : end, :] = live
-            start += rows
-        return buffer
-
-    built = [joined(part) for part in range(len(parts(template)))]
-    return tuple(built) if isinstance(template, tuple) else built[0]
