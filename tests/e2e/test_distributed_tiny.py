@@ -34,6 +34,9 @@ from tests.e2e.ops_support import wait_for
 from tests.support.tiny_model import PROMPTS, bundled_tokenizer_dir, make_tiny_model
 
 MAX_TOKENS = 8
+# The generation in flight across a reload: long enough that it cannot finish between its
+# first token and the SIGHUP (a tiny-model step is milliseconds).
+LONG_TOKENS = 160
 # The 3-rank group's step_timeout: a tiny step takes ~0.4 s on a loaded 2-core machine.
 STEP_TIMEOUT_S = 5.0
 # The stated bound (docs/distributed.md): step_timeout + 0.25 s watchdog poll + 1 s
@@ -225,11 +228,13 @@ def test_a_model_change_in_the_file_reshards_every_rank(
     settings["models"][0]["source"] = str(tiny_dirs["tiny-b"])
     _write(tensor2.config_path, settings)
     wait_for(lambda: bool(_log_events(tensor2, "config changes pending")), 60, "the change")
-    switched = threading.Event()
+    switched, streaming = threading.Event(), threading.Event()
     with ThreadPoolExecutor(2) as pool:
-        # A long generation in flight as the reload starts finishes on the old model.
-        long = pool.submit(_long_completion, tensor2, "default")
-        wait_for(lambda: _in_flight(tensor2), 60, "the long generation to start")
+        # A long generation in flight as the reload starts finishes on the old model. Its
+        # first token is the sign it is running, with LONG_TOKENS - 1 steps to go (polling
+        # /v1/status could miss a short one on a loaded machine: it was done in one poll).
+        long = pool.submit(_long_completion, tensor2, "default", streaming)
+        assert streaming.wait(60), "the long generation did not start"
         tensor2.process.send_signal(signal.SIGHUP)
         answers = pool.submit(_ask_until, tensor2, switched)  # requests all through it
         wait_for(lambda: bool(_log_events(tensor2, "models switched")), 120, "the re-shard")
@@ -383,14 +388,29 @@ def _ask_until(daemon: DaemonProcess, done: threading.Event) -> list[tuple[int, 
     return answers
 
 
-def _long_completion(daemon: DaemonProcess, model: str) -> str:
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}
-    reply = httpx.post(f"{daemon.base_url}/v1/completions", json=body, timeout=300)
-    assert reply.status_code == 200, reply.text
-    text: str = reply.json()["choices"][0]["text"]
-    return text
-
-
-def _in_flight(daemon: DaemonProcess) -> bool:
-    document = httpx.get(f"{daemon.base_url}/v1/status", timeout=10).json()
-    return any(block.get("requests") for block in document["models"])
+def _long_completion(
+    daemon: DaemonProcess, model: str, streaming: threading.Event | None = None
+) -> str:
+    """A greedy completion of LONG_TOKENS, streamed; `streaming` is set at its first text."""
+    body = {
+        "model": model,
+        "prompt": "Once upon a time",
+        "max_tokens": LONG_TOKENS,
+        "temperature": 0,
+        "stream": True,
+    }
+    pieces: list[str] = []
+    finish: list[str] = []
+    with httpx.stream("POST", f"{daemon.base_url}/v1/completions", json=body, timeout=300) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            pieces.extend(choice["text"] for choice in chunk["choices"])
+            finish.extend(c["finish_reason"] for c in chunk["choices"] if c["finish_reason"])
+            if streaming is not None and "".join(pieces):
+                streaming.set()
+    assert finish == ["length"], finish  # it ran all its steps (no early end of text)
+    return "".join(pieces)
