@@ -62,18 +62,24 @@ def test_matches_mlx_on_random_shapes(
 
 @needs_kernel
 @pytest.mark.parametrize("isa", isas())
-@pytest.mark.parametrize("scale_dtype", [mx.float16, mx.bfloat16])
-def test_half_precision_scales(scale_dtype: mx.Dtype, isa: str, threads: None) -> None:
+@pytest.mark.parametrize("scale_dtype", [mx.float16, mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_scales_of_each_type_reach_their_own_groups(
+    bits: int, scale_dtype: mx.Dtype, isa: str, threads: None
+) -> None:
+    """The AVX-512 tiles convert 16 groups' scales and biases at a time (fewer past the
+    row's last group): 4 groups (a short row), 40 (two windows and a tail of 8) and 20."""
     ext = qmm.extension()
     ext.set_isa(isa)
-    w = mx.random.normal((96, 256), key=mx.random.key(1))
-    for rows in (1, 5, 9):
-        x = mx.random.normal((rows, 256), key=mx.random.key(2))
-        wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
+    for k, group_size in ((256, 64), (1280, 32), (1280, 64)):
+        w = mx.random.normal((96, k), key=mx.random.key(k + group_size))
+        wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
         scales, biases = scales.astype(scale_dtype), biases.astype(scale_dtype)
-        want = mx.quantized_matmul(x, wq, scales, biases, True, 64, 4)
-        got = ext.quantized_matmul(x, wq, scales, biases, 64, 4)
-        assert got.dtype == want.dtype and rel_error(got, want) <= 1e-4
+        for rows in (1, 5, 9):
+            x = mx.random.normal((rows, k), key=mx.random.key(2))
+            want = mx.quantized_matmul(x, wq, scales, biases, True, group_size, bits)
+            got = ext.quantized_matmul(x, wq, scales, biases, group_size, bits)
+            assert got.dtype == want.dtype and rel_error(got, want) <= 1e-4, (k, rows)
 
 
 @needs_kernel
@@ -102,13 +108,15 @@ def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, isa: str, threa
     prefix-cache hit must see identical logits, or seeded sampling stops reproducing."""
     ext = qmm.extension()
     ext.set_isa(isa)
-    w = mx.random.normal((37, 256), key=mx.random.key(11))
-    wq, scales, biases = mx.quantize(w, group_size=64, bits=bits)
-    x = mx.random.normal((13, 256), key=mx.random.key(12))  # tiles of 8, 4 and 1 rows
-    batch = ext.quantized_matmul(x, wq, scales, biases, 64, bits)
-    for row in range(13):
-        alone = ext.quantized_matmul(x[row : row + 1], wq, scales, biases, 64, bits)
-        assert mx.array_equal(alone[0], batch[row]).item(), row
+    for k, group_size in ((256, 64), (1088, 32)):  # 4 groups; 34 (16-group windows, tail)
+        w = mx.random.normal((37, k), key=mx.random.key(11))
+        wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+        scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
+        x = mx.random.normal((13, k), key=mx.random.key(12))  # tiles of 8, 4 and 1 rows
+        batch = ext.quantized_matmul(x, wq, scales, biases, group_size, bits)
+        for row in range(13):
+            alone = ext.quantized_matmul(x[row : row + 1], wq, scales, biases, group_size, bits)
+            assert mx.array_equal(alone[0], batch[row]).item(), (k, row)
 
 
 @needs_kernel

@@ -24,13 +24,64 @@ namespace {
 // ms per bundled-model decode step with 4; bench/qmm_layers.py).
 constexpr int kDecodeRows = 8;
 
-AVX512 inline float scale_at(const QmmProblem& p, const void* base, size_t i) {
-  switch (p.scale_type) {
-    case ScaleType::f16: return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
-    case ScaleType::bf16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
+// Scales (or biases) at..at+count-1 (count <= 16) as float32 into dst, 64-byte aligned.
+// Each conversion is exact, so 16 at a time give the same floats as scale_at one by one.
+template <ScaleType ST>
+AVX512 inline void load_scales(const void* base, size_t at, int count, float* dst) {
+  if (count == 16) {
+    const auto* h = static_cast<const uint16_t*>(base) + at;
+    if constexpr (ST == ScaleType::f16) {
+      _mm512_store_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h))));
+      return;
+    } else if constexpr (ST == ScaleType::bf16) {
+      __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+      _mm512_store_ps(dst, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+      return;
+    } else {
+      _mm512_store_ps(dst, _mm512_loadu_ps(static_cast<const float*>(base) + at));
+      return;
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    if constexpr (ST == ScaleType::f16) {
+      dst[i] = _cvtsh_ss(static_cast<const uint16_t*>(base)[at + i]);
+    } else if constexpr (ST == ScaleType::bf16) {
+      dst[i] = bf16_to_float(static_cast<const uint16_t*>(base)[at + i]);
+    } else {
+      dst[i] = static_cast<const float*>(base)[at + i];
+    }
   }
 }
+
+// The scales and biases of NT output rows, 16 groups at a time: converted at once into
+// a buffer, then each group broadcasts its pair from memory (a load, no shuffle).
+// Converting and broadcasting them one group at a time (an insert, a conversion and a
+// register broadcast each, all on the shuffle port the weights' unpacking needs) was a
+// third of the decode tile's instructions at groups of 32.
+template <int NT, ScaleType ST>
+struct GroupScales {
+  alignas(64) float scale[NT][16];
+  alignas(64) float bias[NT][16];
+
+  // Before group g of output rows n0..n0+NT-1: refills the buffer every 16 groups.
+  AVX512 void at_group(const QmmProblem& p, int n0, int groups, int g) {
+    if ((g & 15) != 0) {
+      return;
+    }
+    const int count = groups - g < 16 ? groups - g : 16;
+    for (int j = 0; j < NT; ++j) {
+      size_t at = static_cast<size_t>(n0 + j) * groups + g;
+      load_scales<ST>(p.scales, at, count, scale[j]);
+      load_scales<ST>(p.biases, at, count, bias[j]);
+    }
+  }
+  AVX512 __m512 s(int j, int g) const {
+    return _mm512_set1_ps(scale[j][g & 15]);
+  }
+  AVX512 __m512 b(int j, int g) const {
+    return _mm512_set1_ps(bias[j][g & 15]);
+  }
+};
 
 // The 32 weights of a row from k on, as floats, in the order x was prepared in.
 template <int BITS>
@@ -82,7 +133,7 @@ const uint8_t* row_of(const QmmProblem& p, int n) {
 // bits alone or in a batch, so a sequence decoded alone, beside others, or re-fed after
 // a prefix-cache hit sees identical logits and seeded sampling reproduces. NT 8 keeps 8
 // independent FMA chains in flight.
-template <int BITS, int NT>
+template <int BITS, int NT, ScaleType ST>
 AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
   const int gs = p.group_size;
   const int groups = p.K / gs;
@@ -95,13 +146,14 @@ AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
   const float* x = xp.x.data();
   const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
   const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
+  GroupScales<NT, ST> scales;
   for (int g = 0; g < groups; ++g) {
     prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
+    scales.at_group(p, n0, groups, g);
     __m512 s[NT], b[NT], table[NT];
     for (int j = 0; j < NT; ++j) {
-      size_t at = static_cast<size_t>(n0 + j) * groups + g;
-      s[j] = _mm512_set1_ps(scale_at(p, p.scales, at));
-      b[j] = _mm512_set1_ps(scale_at(p, p.biases, at));
+      s[j] = scales.s(j, g);
+      b[j] = scales.b(j, g);
       table[j] = group_table(s[j], b[j]);
     }
     for (int k = g * gs; k < (g + 1) * gs; k += 32) {
@@ -119,7 +171,7 @@ AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
   }
 }
 
-template <int BITS, int MT, int NT>
+template <int BITS, int MT, int NT, ScaleType ST>
 AVX512 void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
   const int gs = p.group_size;
   const int groups = p.K / gs;
@@ -141,13 +193,14 @@ AVX512 void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
   // arithmetic: prefetching there only cost time (8 rows: 4-6% slower per product).
   const bool streams = MT <= 2 && m0 == 0;
   const long ahead = streams ? g_prefetch_distance.load(std::memory_order_relaxed) : 0;
+  GroupScales<NT, ST> scales;
   for (int g = 0; g < groups; ++g) {
     prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
+    scales.at_group(p, n0, groups, g);
     __m512 s[NT], b[NT], table[NT];
     for (int j = 0; j < NT; ++j) {
-      size_t at = static_cast<size_t>(n0 + j) * groups + g;
-      s[j] = _mm512_set1_ps(scale_at(p, p.scales, at));
-      b[j] = _mm512_set1_ps(scale_at(p, p.biases, at));
+      s[j] = scales.s(j, g);
+      b[j] = scales.b(j, g);
       table[j] = group_table(s[j], b[j]);
     }
     for (int k = g * gs; k < (g + 1) * gs; k += 32) {
@@ -172,42 +225,51 @@ AVX512 void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
 }
 
 // Every activation row for output rows [n, n + NT): 8 rows a tile, then 4, 2, 1.
-template <int BITS, int NT>
+template <int BITS, int NT, ScaleType ST>
 void rows_at(const QmmProblem& p, const Prepared& xp, int n) {
   int m = 0;
   for (; m + 8 <= p.M; m += 8) {
-    tile_rows<BITS, 8, NT>(p, xp, m, n);
+    tile_rows<BITS, 8, NT, ST>(p, xp, m, n);
   }
   if (p.M - m >= 4) {
-    tile_rows<BITS, 4, NT>(p, xp, m, n);
+    tile_rows<BITS, 4, NT, ST>(p, xp, m, n);
     m += 4;
   }
   if (p.M - m >= 2) {
-    tile_rows<BITS, 2, NT>(p, xp, m, n);
+    tile_rows<BITS, 2, NT, ST>(p, xp, m, n);
     m += 2;
   }
   if (p.M - m >= 1) {
-    tile_rows<BITS, 1, NT>(p, xp, m, n);
+    tile_rows<BITS, 1, NT, ST>(p, xp, m, n);
+  }
+}
+
+template <int BITS, ScaleType ST>
+void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  int n = n_begin;
+  if (p.M == 1) {
+    for (; n + kDecodeRows <= n_end; n += kDecodeRows) {
+      tile_decode<BITS, kDecodeRows, ST>(p, xp, n);
+    }
+    for (; n < n_end; ++n) {
+      tile_decode<BITS, 1, ST>(p, xp, n);
+    }
+    return;
+  }
+  for (; n + 2 <= n_end; n += 2) {
+    rows_at<BITS, 2, ST>(p, xp, n);
+  }
+  if (n < n_end) {
+    rows_at<BITS, 1, ST>(p, xp, n);
   }
 }
 
 template <int BITS>
 void rows_bits(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-  int n = n_begin;
-  if (p.M == 1) {
-    for (; n + kDecodeRows <= n_end; n += kDecodeRows) {
-      tile_decode<BITS, kDecodeRows>(p, xp, n);
-    }
-    for (; n < n_end; ++n) {
-      tile_decode<BITS, 1>(p, xp, n);
-    }
-    return;
-  }
-  for (; n + 2 <= n_end; n += 2) {
-    rows_at<BITS, 2>(p, xp, n);
-  }
-  if (n < n_end) {
-    rows_at<BITS, 1>(p, xp, n);
+  switch (p.scale_type) {
+    case ScaleType::f32: rows_typed<BITS, ScaleType::f32>(p, xp, n_begin, n_end); break;
+    case ScaleType::f16: rows_typed<BITS, ScaleType::f16>(p, xp, n_begin, n_end); break;
+    case ScaleType::bf16: rows_typed<BITS, ScaleType::bf16>(p, xp, n_begin, n_end); break;
   }
 }
 
