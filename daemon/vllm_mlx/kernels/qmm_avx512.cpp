@@ -25,7 +25,7 @@ namespace {
 constexpr int kDecodeRows = 8;
 
 // Scales (or biases) at..at+count-1 (count <= 16) as float32 into dst, 64-byte aligned.
-// Each conversion is exact, so 16 at a time give the same floats as scale_at one by one.
+// Each conversion is exact, so 16 at a time give the same floats as one at a time.
 template <ScaleType ST>
 AVX512 inline void load_scales(const void* base, size_t at, int count, float* dst) {
   if (count == 16) {
@@ -147,8 +147,8 @@ AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
   const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
   const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
   GroupScales<NT, ST> scales;
-  // The next tile's scales and biases into L2: after the conversions above, the waits on
-  // their cache misses were an eighth of this tile's samples (one row: 9.40 -> 9.11 ms a
+  // The next tile's scales and biases into L2: once GroupScales converted them 16 at a
+  // time, the waits on their cache misses were an eighth of this tile's samples (one row: 9.40 -> 9.11 ms a
   // step, medians of 8 alternating runs; docs/benchmarks.md, round 19).
   if (ahead > 0 && n0 + 2 * NT <= p.N) {
     const size_t esize = ST == ScaleType::f32 ? 4 : 2;
