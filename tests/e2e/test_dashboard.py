@@ -126,10 +126,13 @@ def test_a_streamed_chat_shows_tokens_arriving(page: Page) -> None:
 
     def fewer_tokens(route: Route) -> None:
         """The page asks for up to 512 tokens; a few dozen show the stream as well.
-        Only the request is rewritten: the response streams to the page untouched."""
+        Greedy, so the answer's length does not depend on a draw: a sampled one can end
+        after a few tokens, which a loaded browser may read in one piece (round 19's CI
+        saw an 11-character answer); this prompt's greedy answer runs all 48. Only the
+        request is rewritten: the response streams to the page untouched."""
         body = json.loads(route.request.post_data or "{}")
         assert body["stream"] is True and body["max_tokens"] == 512
-        route.continue_(post_data=json.dumps({**body, "max_tokens": 24}))
+        route.continue_(post_data=json.dumps({**body, "max_tokens": 48, "temperature": 0}))
 
     page.route("**/v1/chat/completions", fewer_tokens)
     # Record every length the answer's text takes as it is rendered.
@@ -143,7 +146,7 @@ def test_a_streamed_chat_shows_tokens_arriving(page: Page) -> None:
                      {childList: true, subtree: true, characterData: true});
         }"""
     )
-    page.get_by_test_id("chat-input").fill("Count from one to twenty.")
+    page.get_by_test_id("chat-input").fill("Write a long story about a dragon.")
     page.get_by_test_id("chat-send").click()
     expect(page.get_by_test_id("chat-stats")).to_contain_text("TTFT", timeout=WAIT_MS)
     answer = page.locator("#chat-log .msg.assistant")
