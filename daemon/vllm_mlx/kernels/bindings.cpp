@@ -12,6 +12,7 @@
 #include "norm.h"
 #include "qmm.h"
 #include "qmm_kernel.h"
+#include "thread_pool.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -131,6 +132,9 @@ NB_MODULE(_qmm, m) {
   m.def("set_parallel_min", &vllm_mlx_kernels::set_parallel_min, "work"_a,
         "Matmuls with less work (rows_out x inputs x (rows + 2)) stay on one thread.");
   m.def("parallel_min", &vllm_mlx_kernels::parallel_min);
+  m.def("set_worker_spin_us", &vllm_mlx_kernels::set_worker_spin_us, "us"_a,
+        "How long (microseconds) an idle pool worker spins for the next job before sleeping.");
+  m.def("worker_spin_us", &vllm_mlx_kernels::worker_spin_us);
   m.def("set_prefetch_distance", &vllm_mlx_kernels::set_prefetch_distance, "bytes"_a,
         "How far ahead (bytes) the x86-64 tiles prefetch their weights into L2; 0: off.");
   m.def("prefetch_distance", &vllm_mlx_kernels::prefetch_distance);

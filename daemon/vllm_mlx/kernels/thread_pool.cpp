@@ -1,16 +1,19 @@
 #include "thread_pool.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace vllm_mlx_kernels {
 
 namespace {
 
-// A worker spins this long for the next job before sleeping. Short on purpose: the
-// matmuls of a decode step come tens of microseconds apart, and spinning through those
-// gaps burnt 21% of a step's CPU time on two cores; claimed chunks make a slow wake
-// cheap instead (see the header).
-constexpr auto kWorkerSpin = std::chrono::microseconds(3);
+// How long a worker spins for the next job before sleeping (set_worker_spin_us). The
+// matmuls of a decode step come tens of microseconds apart: spinning through those gaps
+// saves each one a futex wake, but the spinning core is the one the Python thread builds
+// the next step's graph on. Which wins depends on the machine (on an AMD EPYC a 60 us
+// spin was slower, on an Intel Xeon 30 us was faster): the loader measures both
+// (models/cpu/pool_policy.py). 3 us by default: claimed chunks make a slow wake cheap.
+std::atomic<int> g_worker_spin_us{3};
 // The caller spins this long for the workers' last chunks (they are running, so the wait
 // is about one chunk) before sleeping.
 constexpr auto kCallerSpin = std::chrono::microseconds(200);
@@ -38,6 +41,14 @@ bool spin_until(Done done, std::chrono::microseconds limit) {
 }
 
 } // namespace
+
+void set_worker_spin_us(int us) {
+  g_worker_spin_us = std::max(0, us);
+}
+
+int worker_spin_us() {
+  return g_worker_spin_us;
+}
 
 ThreadPool::~ThreadPool() {
   stop_.store(true);
@@ -110,7 +121,7 @@ void ThreadPool::work() {
   uint32_t seen = 0;
   for (;;) {
     auto fresh = [&] { return wake_.load(std::memory_order_acquire) != seen; };
-    if (!spin_until(fresh, kWorkerSpin)) {
+    if (!spin_until(fresh, std::chrono::microseconds(g_worker_spin_us.load()))) {
       sleepers_.fetch_add(1);
       wake_.wait(seen);
       sleepers_.fetch_sub(1);

@@ -19,6 +19,10 @@
 
 namespace vllm_mlx_kernels {
 
+// How long (microseconds) an idle worker spins for the next job before it sleeps.
+void set_worker_spin_us(int us);
+int worker_spin_us();
+
 class ThreadPool {
  public:
   ~ThreadPool();

@@ -158,6 +158,9 @@ def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
 
         weights, tokenizer = load(str(model_dir))[:2]
     weights, decision, blas_fields = _apply_dtype(weights, model)
+    from vllm_mlx.models.cpu import pool_policy
+
+    pool_policy.choose(weights)  # once a process: how eagerly the kernel's pool splits
     if tower is not None:
         from vllm_mlx.models.vision_model import install_placeholder_embedding
 
