@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 namespace vllm_mlx_kernels {
 
@@ -14,6 +15,11 @@ namespace {
 // spin was slower, on an Intel Xeon 30 us was faster): the loader measures both
 // (models/cpu/pool_policy.py). 3 us by default: claimed chunks make a slow wake cheap.
 std::atomic<int> g_worker_spin_us{3};
+// The first part of a worker's spin runs on pause instructions; past it the worker yields
+// between checks, so a longer spin hands the core to any thread that wants it (another
+// process's, the Python thread). Pausing through a 30 us spin cost 13% of two daemons'
+// throughput decoding side by side; yielding, 5% (docs/benchmarks.md, round 20).
+constexpr auto kPausingSpin = std::chrono::microseconds(3);
 // The caller spins this long for the workers' last chunks (they are running, so the wait
 // is about one chunk) before sleeping.
 constexpr auto kCallerSpin = std::chrono::microseconds(200);
@@ -26,15 +32,21 @@ inline void relax() {
 #endif
 }
 
+// yielding: give the core to any other runnable thread between checks (sched_yield), so
+// that a spin costs nothing where the cores are shared; otherwise a pause instruction.
 template <class Done>
-bool spin_until(Done done, std::chrono::microseconds limit) {
+bool spin_until(Done done, std::chrono::microseconds limit, bool yielding = false) {
   auto until = std::chrono::steady_clock::now() + limit;
   for (int spins = 1;; ++spins) {
     if (done()) {
       return true;
     }
-    relax();
-    if (spins % 64 == 0 && std::chrono::steady_clock::now() > until) {
+    if (yielding) {
+      std::this_thread::yield();
+    } else {
+      relax();
+    }
+    if ((yielding || spins % 64 == 0) && std::chrono::steady_clock::now() > until) {
       return false;
     }
   }
@@ -121,7 +133,11 @@ void ThreadPool::work() {
   uint32_t seen = 0;
   for (;;) {
     auto fresh = [&] { return wake_.load(std::memory_order_acquire) != seen; };
-    if (!spin_until(fresh, std::chrono::microseconds(g_worker_spin_us.load()))) {
+    const auto spin = std::chrono::microseconds(g_worker_spin_us.load());
+    const auto pausing = std::min(spin, kPausingSpin);
+    const bool woken =
+        spin_until(fresh, pausing) || (spin > pausing && spin_until(fresh, spin - pausing, true));
+    if (!woken) {
       sleepers_.fetch_add(1);
       wake_.wait(seen);
       sleepers_.fetch_sub(1);

@@ -8,8 +8,9 @@ futex. Two policies:
 - conservative (the extension's defaults): small products stay on one thread and a
   worker sleeps after 3 us, leaving the other core to the Python thread that builds the
   next step's graph meanwhile;
-- eager: every product splits and a worker spins 30 us, so the next product of the layer
-  finds it awake instead of paying a futex wake.
+- eager: every product splits and a worker spins 30 us (3 on pause instructions, then
+  yielding the core between checks), so the next product of the layer finds it awake
+  instead of paying a futex wake.
 
 Which is faster depends on the machine. On an AMD EPYC (Zen 3, rounds 16-17) spinning
 and splitting the small products made a one-row step slower in-process (11.1-12.7 ->
@@ -22,7 +23,9 @@ never changes a row's arithmetic), so the choice changes speed, never tokens.
 
 Measured once per process (the pool is the process's), on the first model that runs on
 the kernel; a model whose step is slow is made of products that split under both
-policies, and keeps the defaults unmeasured.
+policies, and keeps the defaults unmeasured. What the measurement cannot see is a CPU
+that becomes shared later: two daemons decoding side by side on the Xeon's two cores ran
+4-13% slower eager than conservative (round 20).
 """
 
 from __future__ import annotations
