@@ -17,8 +17,9 @@ namespace {
 std::atomic<int> g_worker_spin_us{3};
 // The first part of a worker's spin runs on pause instructions; past it the worker yields
 // between checks, so a longer spin hands the core to any thread that wants it (another
-// process's, the Python thread). Pausing through a 30 us spin cost 13% of two daemons'
-// throughput decoding side by side; yielding, 5% (docs/benchmarks.md, round 20).
+// process's, the Python thread). Two daemons decoding side by side on two cores lost 13%
+// of their throughput to a 30 us pausing spin, 5-13% to this one (docs/benchmarks.md,
+// round 20); one daemon alone gains as much from it.
 constexpr auto kPausingSpin = std::chrono::microseconds(3);
 // The caller spins this long for the workers' last chunks (they are running, so the wait
 // is about one chunk) before sleeping.
