@@ -12,7 +12,7 @@ futex. Two policies:
   yielding the core between checks), so the next product of the layer finds it awake
   instead of paying a futex wake.
 
-Which is faster depends on the machine. On an AMD EPYC (Zen 3, rounds 16-17) spinning
+Which is faster depends on the machine. On an AMD EPYC (Zen 3, rounds 15-16) spinning
 and splitting the small products made a one-row step slower in-process (11.1-12.7 ->
 12.2-13.7 ms); on an Intel Xeon (round 20) eager was 1.15x a stream over HTTP and 1.09x
 at 16 streams (docs/benchmarks.md). So the loader measures: a few blocks of pipelined
@@ -25,7 +25,7 @@ Measured once per process (the pool is the process's), on the first model that r
 the kernel; a model whose step is slow is made of products that split under both
 policies, and keeps the defaults unmeasured. What the measurement cannot see is a CPU
 that becomes shared later: two daemons decoding side by side on the Xeon's two cores ran
-4-13% slower eager than conservative (round 20).
+5-13% slower eager than conservative (round 20).
 """
 
 from __future__ import annotations
