@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 import httpx
@@ -24,8 +25,14 @@ from tests.e2e.lifecycle_helpers import (
     vllm_mlx,
     write_like_an_editor,
 )
+from vllm_mlx.models.cpu import qmm
 
 BUILTIN = "builtin:smollm2-135m-instruct"
+
+
+def kernel_in_use() -> bool:
+    """The bundled model's `dtype: auto` runs on the CPU kernel (Linux, extension built)."""
+    return sys.platform == "linux" and qmm.status().available
 
 
 def test_edit_swaps_api_key_and_hot_settings_with_same_pid(
@@ -169,3 +176,25 @@ def test_sighup_moves_the_listener_with_same_pid(start_daemon: StartDaemon, tmp_
     assert int(pid_file(tmp_path, new_port).read_text()) == daemon.process.pid
     assert not pid_file(tmp_path, old_port).exists()
     daemon.port = new_port  # so the fixture stops it where it now listens
+
+
+@pytest.mark.skipif(not kernel_in_use(), reason="the default model is not on the CPU kernel here")
+def test_sighup_applies_the_kernel_pool_setting(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    model = {"name": "first", "source": BUILTIN}
+    daemon = start_daemon(
+        {"models": [model], "engine": {"kernel_pool": "eager"}}, env=run_env(tmp_path)
+    )
+    named = {"policy": "eager", "chosen_by": "engine.kernel_pool", "ms_a_step": None}
+    assert status(daemon)["kernel_pool"] == named  # applied as named, nothing measured
+    edit_config(daemon, {"engine": {"kernel_pool": "auto"}})
+    poll(
+        lambda: status(daemon)["config"]["pending_changes"] == ["engine.kernel_pool (model)"],
+        "the pool change to be pending (it applies when models load)",
+    )
+    assert status(daemon)["kernel_pool"] == named
+    daemon.process.send_signal(signal.SIGHUP)
+    poll(lambda: status(daemon)["kernel_pool"]["chosen_by"] == "measured", "the measurement")
+    measured = status(daemon)["kernel_pool"]
+    assert measured["policy"] in ("conservative", "eager")
+    assert sorted(measured["ms_a_step"]) == ["conservative", "eager"]
+    assert status(daemon)["config"]["pending_changes"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import httpx
 
 from tests.conftest import DaemonProcess
 from tests.e2e.ops_support import MODEL, NO_EOS, chat_body, status, wait_for
+from vllm_mlx.models.cpu import qmm
 
 SEED_FIELDS = (
     "status", "model", "uptime_s", "steps_executed", "num_running", "num_waiting",
@@ -47,6 +49,12 @@ def test_idle_status_has_the_seed_fields(shared_daemon: DaemonProcess) -> None:
     assert speech["task"] == "transcribe" and speech["residency"]["load"] == "on_demand"
     assert Path(document["config"]["path"]).resolve() == shared_daemon.config_path.resolve()
     assert document["config"]["last_error"] is None
+    # The bundled model on the CPU kernel: its pool policy, measured at load.
+    if sys.platform == "linux" and qmm.status().available:
+        pool = document["kernel_pool"]
+        assert pool["chosen_by"] == "measured" and pool["policy"] in ("conservative", "eager")
+    else:
+        assert document["kernel_pool"] is None
 
 
 def test_status_of_a_loaded_speech_model(shared_daemon: DaemonProcess) -> None:

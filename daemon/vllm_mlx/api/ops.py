@@ -21,6 +21,7 @@ from vllm_mlx.api.errors import APIError
 from vllm_mlx.api.models import residency_block
 from vllm_mlx.api.state import ServerState, server_state
 from vllm_mlx.engine.embedding_runner import EmbeddingEngine
+from vllm_mlx.engine.fleet.kernel_pool import kernel_pool_status
 from vllm_mlx.engine.fleet.memory import read_memory
 from vllm_mlx.engine.fleet.registry import LoadState, ModelEntry
 from vllm_mlx.metrics.cache import CacheSample, PrefixCacheCollector
@@ -271,6 +272,7 @@ def status_document(state: ServerState) -> dict[str, Any]:
     document["models"] = blocks
     document["config"] = state.config_status()
     document["mcp"] = {"servers": state.mcp.status()}
+    document["kernel_pool"] = kernel_pool_status()
     document["activity"] = state.metrics.activity.snapshot()
     if state.distributed is not None:
         document["distributed"] = state.distributed.describe()

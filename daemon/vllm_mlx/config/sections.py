@@ -193,6 +193,18 @@ class EngineSettings(Section):
         "default removes Claude Code's `x-anthropic-billing-header:` line; `[]` turns "
         "it off; a list replaces it (add the default to keep it).",
     )
+    kernel_pool: Literal["auto", "conservative", "eager"] = setting(
+        "auto",
+        Reload.MODEL,
+        "The CPU kernel (quantized models on Linux): how eagerly its thread pool splits "
+        "the small products of a decode step. `auto` times both policies on the first "
+        "model that loads (~0.6 s, once a process) and keeps the faster; `conservative` "
+        "keeps small products on one thread and lets idle workers sleep at once (the "
+        "better choice when other busy processes share the cores, e.g. two daemons on "
+        "one machine); `eager` splits every product and keeps idle workers spinning "
+        "~30 us. Changes speed, never tokens. /v1/status `kernel_pool` shows the policy "
+        "in force and its measurement.",
+    )
     blas: str = setting(
         "auto",
         Reload.RESTART,

@@ -103,19 +103,23 @@ def load_model(
 
         resolved = resolve_model_dir(model, cache_dir)
         return load_speech_model(model, speech_model_dir(model, resolved, cache_dir))
-    loaded = load_generation_model(model, cache_dir)
+    loaded = load_generation_model(model, cache_dir, engine)
     if draft is not None:
-        loaded.draft = load_draft(model, draft, loaded, cache_dir)
+        loaded.draft = load_draft(model, draft, loaded, cache_dir, engine)
     return loaded
 
 
 def load_draft(
-    model: ModelSettings, draft: ModelSettings, target: LoadedModel, cache_dir: Path
+    model: ModelSettings,
+    draft: ModelSettings,
+    target: LoadedModel,
+    cache_dir: Path,
+    engine: EngineSettings | None = None,
 ) -> LoadedModel:
     """`model`'s draft model, refused (ValueError) unless it has the target's tokenizer."""
     from vllm_mlx.models.draft import refusal, tokenizer_mismatch
 
-    loaded = load_generation_model(draft, cache_dir)
+    loaded = load_generation_model(draft, cache_dir, engine)
     why = tokenizer_mismatch(target.tokenizer, loaded.tokenizer)
     if why is not None:
         raise ValueError(refusal(model, draft, why))
@@ -140,10 +144,12 @@ def load_reranker(
         return replace(load_embedding_model(model, model_dir, engine), rerank_method="embedding")
     from vllm_mlx.models.llm_scorer import llm_rerank_model
 
-    return llm_rerank_model(load_generation_model(model, cache_dir), model, engine)
+    return llm_rerank_model(load_generation_model(model, cache_dir, engine), model, engine)
 
 
-def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
+def load_generation_model(
+    model: ModelSettings, cache_dir: Path, engine: EngineSettings | None = None
+) -> LoadedModel:
     started = time.monotonic()
     model_dir = resolve_model_dir(model, cache_dir)
     is_vlm = vision_config_of(model_dir) is not None
@@ -160,7 +166,8 @@ def load_generation_model(model: ModelSettings, cache_dir: Path) -> LoadedModel:
     weights, decision, blas_fields = _apply_dtype(weights, model)
     from vllm_mlx.models.cpu import pool_policy
 
-    pool_policy.choose(weights)  # once a process: how eagerly the kernel's pool splits
+    # How eagerly the kernel's pool splits: named, or measured once a process.
+    pool_policy.choose(weights, engine.kernel_pool if engine else "auto")
     if tower is not None:
         from vllm_mlx.models.vision_model import install_placeholder_embedding
 

@@ -25,7 +25,8 @@ Measured once per process (the pool is the process's), on the first model that r
 the kernel; a model whose step is slow is made of products that split under both
 policies, and keeps the defaults unmeasured. What the measurement cannot see is a CPU
 that becomes shared later: two daemons decoding side by side on the Xeon's two cores ran
-5-13% slower eager than conservative (round 20).
+5-13% slower eager than conservative (round 20). `engine.kernel_pool` names a policy for
+such a machine (or any other), and then nothing is measured.
 """
 
 from __future__ import annotations
@@ -60,7 +61,19 @@ WARM_STEPS = 4
 BLOCK_STEPS = 8
 ROUNDS = 3
 
-_chosen: PoolPolicy | None = None
+BY_NAME = {policy.name: policy for policy in (CONSERVATIVE, EAGER)}
+CONFIG_KEY = "engine.kernel_pool"
+
+
+@dataclass(frozen=True)
+class Decision:
+    policy: PoolPolicy
+    chosen_by: str  # "measured" or CONFIG_KEY
+    ms_a_step: dict[str, list[float]] | None = None  # the measurement's blocks
+
+
+_measured: Decision | None = None  # `auto`'s result: measured once a process
+_in_force: Decision | None = None
 
 
 def apply(policy: PoolPolicy) -> None:
@@ -70,8 +83,19 @@ def apply(policy: PoolPolicy) -> None:
 
 
 def chosen() -> PoolPolicy | None:
-    """The policy this process measured and applied (None: not measured)."""
-    return _chosen
+    """The policy in force in this process (None: neither measured nor configured)."""
+    return None if _in_force is None else _in_force.policy
+
+
+def describe() -> dict[str, Any] | None:
+    """The policy in force and how it was chosen, for /v1/status."""
+    if _in_force is None:
+        return None
+    return {
+        "policy": _in_force.policy.name,
+        "chosen_by": _in_force.chosen_by,
+        "ms_a_step": _in_force.ms_a_step,
+    }
 
 
 def faster(samples: Mapping[PoolPolicy, Sequence[float]]) -> PoolPolicy:
@@ -120,32 +144,48 @@ def measure(model: Any) -> dict[PoolPolicy, list[float]] | None:
     return samples
 
 
-def choose(model: Any) -> PoolPolicy | None:
-    """Measure and apply the faster policy for this process, once, on a model that runs on
-    the kernel; the policy in force (None where the extension is not in use)."""
-    global _chosen
-    if _chosen is not None or not qmm.status().available or not qmm.uses_kernel(model):
-        return _chosen
-    if not hasattr(qmm.extension(), "set_worker_spin_us"):  # an older build
+def choose(model: Any, setting: str = "auto") -> PoolPolicy | None:
+    """Apply `engine.kernel_pool`: a named policy as it is, or for `auto` the faster one,
+    measured once a process on the first model that runs on the kernel (a later `auto`
+    load re-applies that measurement). The policy in force (None: the extension is not in
+    use, or an older build without the setting)."""
+    global _measured, _in_force
+    if not qmm.status().available or not hasattr(qmm.extension(), "set_worker_spin_us"):
         return None
+    if setting != "auto":
+        _in_force = Decision(BY_NAME[setting], CONFIG_KEY)
+        apply(_in_force.policy)
+        log.info("kernel pool policy", policy=setting, chosen_by=CONFIG_KEY)
+        return _in_force.policy
+    if _measured is None:
+        if not qmm.uses_kernel(model):
+            return chosen()
+        _measured = _measure_decision(model)
+    _in_force = _measured
+    apply(_measured.policy)
+    return _measured.policy
+
+
+def _measure_decision(model: Any) -> Decision:
     started = time.perf_counter()
     try:
         samples = measure(model)
     except Exception as error:  # a model this probe cannot drive: keep the defaults
-        apply(CONSERVATIVE)
         log.warning("kernel pool policy not measured", error=repr(error))
-        _chosen = CONSERVATIVE
-        return _chosen
-    _chosen = CONSERVATIVE if samples is None else faster(samples)
-    apply(_chosen)
+        return Decision(CONSERVATIVE, "measured")
+    policy = CONSERVATIVE if samples is None else faster(samples)
+    ms_a_step = (
+        None
+        if samples is None
+        else {p.name: [round(s * 1000, 2) for s in v] for p, v in samples.items()}
+    )
     log.info(
         "kernel pool policy",
-        policy=_chosen.name,
-        parallel_min=_chosen.parallel_min,
-        worker_spin_us=_chosen.worker_spin_us,
-        ms_a_step=None
-        if samples is None
-        else {p.name: [round(s * 1000, 2) for s in v] for p, v in samples.items()},
+        policy=policy.name,
+        chosen_by="measured",
+        parallel_min=policy.parallel_min,
+        worker_spin_us=policy.worker_spin_us,
+        ms_a_step=ms_a_step,
         seconds=round(time.perf_counter() - started, 2),
     )
-    return _chosen
+    return Decision(policy, "measured", ms_a_step)
