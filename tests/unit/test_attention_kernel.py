@@ -113,6 +113,23 @@ def test_threads_and_batch_give_each_row_the_same_bits(isa: str, threaded: None)
         assert same_bits(alone, batch[i : i + 1]), i
 
 
+@pytest.mark.parametrize("d", [64, 128, 72])
+def test_a_key_scores_the_same_bits_in_a_block_of_16_or_alone(isa: str, d: int) -> None:
+    """Scores are summed 16 keys at a time (head dims 64 and 128) and key by key after the
+    last whole block. Where the blocks start follows the first key any head keeps, so
+    another head's mask moves keys 32-34 of head 0 from a block to the tail: its output
+    keeps its bits."""
+    q, k, v = qkv(1, 2, 1, d, 40, seed=d)
+    from_3 = mx.arange(40) >= 3
+    both_from_3 = mx.stack([from_3, from_3]).reshape(1, 2, 1, 40)
+    only_head_0 = mx.stack([from_3, mx.ones(40, dtype=mx.bool_)]).reshape(1, 2, 1, 40)
+    ext = qmm.extension()
+    blocked = ext.sdpa_decode(q, k, v, d**-0.5, both_from_3)  # head 0's keys 3-34 in blocks
+    tail = ext.sdpa_decode(q, k, v, d**-0.5, only_head_0)  # keys 0-31 in blocks, 32-39 not
+    assert same_bits(blocked[:, :1], tail[:, :1])
+    close(blocked, reference(q, k, v, d**-0.5, both_from_3))
+
+
 def test_inputs_not_contiguous_in_the_last_dimension_are_read_right(isa: str) -> None:
     q, k, v = qkv(2, 4, 2, 64, 30)
     kt = mx.swapaxes(mx.swapaxes(k, 2, 3) + 0, 2, 3)  # last-dimension stride != 1
