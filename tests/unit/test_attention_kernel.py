@@ -130,6 +130,32 @@ def test_a_key_scores_the_same_bits_in_a_block_of_16_or_alone(isa: str, d: int) 
     close(blocked, reference(q, k, v, d**-0.5, both_from_3))
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 9, 3, 64, 1500, 64, 1), (1, 9, 3, 64, 1100, 64, 4), (3, 4, 1, 128, 1030, 40, 1)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_threads_sharing_a_few_long_units_keep_the_bits(
+    isa: str, threaded: None, shape: tuple[int, ...]
+) -> None:
+    """Fewer (sequence, KV head) units than the threads can split evenly, over 1,000+
+    positions: the threads share each unit's scores, softmax and P.V columns. Bit for bit
+    the one-thread result, for every mask kind and a causal chunk of positions."""
+    b, hq, hkv, d, t, dv, m = shape
+    ext = qmm.extension()
+    q = mx.random.normal((b, hq, m, d), key=mx.random.key(t))
+    _, k, v = qkv(b, hq, hkv, d, t, dv, seed=t)
+    cases = [(mask, False) for mask in masks(b, hq, t)] + [(None, True)] * (m > 1)
+    for mask, causal in cases:
+        shared = ext.sdpa_decode(q, k, v, d**-0.5, mask, causal=causal)
+        ext.set_threads(1)
+        alone = ext.sdpa_decode(q, k, v, d**-0.5, mask, causal=causal)
+        ext.set_threads(2)
+        assert same_bits(shared, alone), (mask is None, causal)
+        want = reference(q, k, v, d**-0.5, "causal" if causal else mask)  # type: ignore[arg-type]
+        close(shared, want)
+
+
 def test_inputs_not_contiguous_in_the_last_dimension_are_read_right(isa: str) -> None:
     q, k, v = qkv(2, 4, 2, 64, 30)
     kt = mx.swapaxes(mx.swapaxes(k, 2, 3) + 0, 2, 3)  # last-dimension stride != 1

@@ -30,12 +30,14 @@ namespace {
 constexpr int kBlock = 4; // query heads per pass over K and V (registers: see the PV loops)
 constexpr int kLanes = 16; // partial sums and maxima of the softmax, combined in one order
 
-// scores[j * sst + t] for j < ng, t < T; and out[j * Dv + d] = sum_t p[j * sst + t] *
-// v[t][d] (with `add`: out += that, the partial sums of earlier positions' blocks).
+// scores[j * sst + t] for j < ng, t < T; and out[j * ost + d] = sum_t p[j * sst + t] *
+// v[t][d] for d < Dv (with `add`: out += that, the partial sums of earlier positions'
+// blocks). Each out element's sum runs over t alone, so a call for some of the columns
+// (v and out advanced to the first, Dv the count) gives them the bits of a whole call.
 using ScoresFn = void (*)(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
                           float* s, int64_t sst);
 using PvFn = void (*)(const float* pr, int64_t sst, int ng, int T, const float* v, int64_t vst,
-                      int Dv, float* out, bool add);
+                      int Dv, float* out, int64_t ost, bool add);
 
 void scores_scalar(const float* qs, int ng, int D, const float* k, int64_t kst, int T,
                    float* s, int64_t sst) {
@@ -52,16 +54,18 @@ void scores_scalar(const float* qs, int ng, int D, const float* k, int64_t kst, 
 }
 
 void pv_scalar(const float* pr, int64_t sst, int ng, int T, const float* v, int64_t vst, int Dv,
-               float* out, bool add) {
+               float* out, int64_t ost, bool add) {
   if (!add) {
-    std::fill(out, out + ng * Dv, 0.0f);
+    for (int j = 0; j < ng; ++j) {
+      std::fill(out + j * ost, out + j * ost + Dv, 0.0f);
+    }
   }
   for (int t = 0; t < T; ++t) {
     const float* vr = v + t * vst;
     for (int j = 0; j < ng; ++j) {
       float pj = pr[j * sst + t];
       for (int d = 0; d < Dv; ++d) {
-        out[j * Dv + d] += pj * vr[d];
+        out[j * ost + d] += pj * vr[d];
       }
     }
   }
@@ -186,38 +190,51 @@ AVX512 void scores_avx512_n(const float* qs, int D, const float* k, int64_t kst,
   }
 }
 
-// 4 vectors of V per pass: NG x 4 accumulators + 4 loads fit the 32 zmm registers.
-template <int NG>
-AVX512 void pv_avx512_n(const float* pr, int64_t sst, int T, const float* v, int64_t vst,
-                        int Dv, float* out, bool add) {
-  for (int c = 0; c < Dv; c += 64) {
-    __mmask16 m[4];
-    __m512 acc[NG][4];
-    for (int i = 0; i < 4; ++i) {
+// NV vectors of V per pass (up to 4: NG x 4 accumulators + 4 loads fit the 32 zmm
+// registers); fewer when a call covers only some of the columns.
+template <int NG, int NV>
+AVX512 void pv_avx512_nv(const float* pr, int64_t sst, int T, const float* v, int64_t vst,
+                         int Dv, float* out, int64_t ost, bool add) {
+  for (int c = 0; c < Dv; c += 16 * NV) {
+    __mmask16 m[NV];
+    __m512 acc[NG][NV];
+    for (int i = 0; i < NV; ++i) {
       m[i] = mask16(Dv - c - 16 * i);
       for (int j = 0; j < NG; ++j) {
-        acc[j][i] = add ? _mm512_maskz_loadu_ps(m[i], out + j * Dv + c + 16 * i)
+        acc[j][i] = add ? _mm512_maskz_loadu_ps(m[i], out + j * ost + c + 16 * i)
                         : _mm512_setzero_ps();
       }
     }
     for (int t = 0; t < T; ++t) {
       const float* vr = v + t * vst + c;
-      __m512 vv[4];
-      for (int i = 0; i < 4; ++i) {
+      __m512 vv[NV];
+      for (int i = 0; i < NV; ++i) {
         vv[i] = _mm512_maskz_loadu_ps(m[i], vr + 16 * i);
       }
       for (int j = 0; j < NG; ++j) {
         __m512 pj = _mm512_set1_ps(pr[j * sst + t]);
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < NV; ++i) {
           acc[j][i] = _mm512_fmadd_ps(pj, vv[i], acc[j][i]);
         }
       }
     }
     for (int j = 0; j < NG; ++j) {
-      for (int i = 0; i < 4; ++i) {
-        _mm512_mask_storeu_ps(out + j * Dv + c + 16 * i, m[i], acc[j][i]);
+      for (int i = 0; i < NV; ++i) {
+        _mm512_mask_storeu_ps(out + j * ost + c + 16 * i, m[i], acc[j][i]);
       }
     }
+  }
+}
+
+template <int NG>
+AVX512 void pv_avx512_n(const float* pr, int64_t sst, int T, const float* v, int64_t vst,
+                        int Dv, float* out, int64_t ost, bool add) {
+  if (Dv > 32) {
+    pv_avx512_nv<NG, 4>(pr, sst, T, v, vst, Dv, out, ost, add);
+  } else if (Dv > 16) {
+    pv_avx512_nv<NG, 2>(pr, sst, T, v, vst, Dv, out, ost, add);
+  } else {
+    pv_avx512_nv<NG, 1>(pr, sst, T, v, vst, Dv, out, ost, add);
   }
 }
 
@@ -257,14 +274,14 @@ AVX2 void scores_avx2_n(const float* qs, int D, const float* k, int64_t kst, int
 // 2 vectors of V per pass: NG x 2 accumulators + 2 loads stay within the 16 ymm registers.
 template <int NG>
 AVX2 void pv_avx2_n(const float* pr, int64_t sst, int T, const float* v, int64_t vst, int Dv,
-                   float* out, bool add) {
+                   float* out, int64_t ost, bool add) {
   for (int c = 0; c < Dv; c += 16) {
     __m256i m[2] = {mask8(Dv - c), mask8(Dv - c - 8)};
     __m256 acc[NG][2];
     for (int j = 0; j < NG; ++j) {
       if (add) {
-        acc[j][0] = _mm256_maskload_ps(out + j * Dv + c, m[0]);
-        acc[j][1] = _mm256_maskload_ps(out + j * Dv + c + 8, m[1]);
+        acc[j][0] = _mm256_maskload_ps(out + j * ost + c, m[0]);
+        acc[j][1] = _mm256_maskload_ps(out + j * ost + c + 8, m[1]);
       } else {
         acc[j][0] = acc[j][1] = _mm256_setzero_ps();
       }
@@ -280,8 +297,8 @@ AVX2 void pv_avx2_n(const float* pr, int64_t sst, int T, const float* v, int64_t
       }
     }
     for (int j = 0; j < NG; ++j) {
-      _mm256_maskstore_ps(out + j * Dv + c, m[0], acc[j][0]);
-      _mm256_maskstore_ps(out + j * Dv + c + 8, m[1], acc[j][1]);
+      _mm256_maskstore_ps(out + j * ost + c, m[0], acc[j][0]);
+      _mm256_maskstore_ps(out + j * ost + c + 8, m[1], acc[j][1]);
     }
   }
 }
@@ -327,16 +344,16 @@ void scores_avx512(const float* qs, int ng, int D, const float* k, int64_t kst, 
   BY_BLOCK(scores_avx512_n, ng, qs, D, k, kst, T, s, sst)
 }
 void pv_avx512(const float* pr, int64_t sst, int ng, int T, const float* v, int64_t vst, int Dv,
-               float* o, bool add) {
-  BY_BLOCK(pv_avx512_n, ng, pr, sst, T, v, vst, Dv, o, add)
+               float* o, int64_t ost, bool add) {
+  BY_BLOCK(pv_avx512_n, ng, pr, sst, T, v, vst, Dv, o, ost, add)
 }
 void scores_avx2(const float* qs, int ng, int D, const float* k, int64_t kst, int T, float* s,
                  int64_t sst) {
   BY_BLOCK(scores_avx2_n, ng, qs, D, k, kst, T, s, sst)
 }
 void pv_avx2(const float* pr, int64_t sst, int ng, int T, const float* v, int64_t vst, int Dv,
-             float* o, bool add) {
-  BY_BLOCK(pv_avx2_n, ng, pr, sst, T, v, vst, Dv, o, add)
+             float* o, int64_t ost, bool add) {
+  BY_BLOCK(pv_avx2_n, ng, pr, sst, T, v, vst, Dv, o, ost, add)
 }
 
 #endif
@@ -464,7 +481,11 @@ void dequant_rows(const QuantizedRows& rows, const Kernels& kern, int b, int kh,
 }
 
 // One (sequence b, KV head kh): its G query heads x M positions, rows r = g * M + m (the
-// output's order), in blocks of kBlock rows per pass over a tile of K or V.
+// output's order), in blocks of kBlock rows per pass over a tile of K or V. Three steps:
+// the scores of a range of positions, the softmax of a range of rows, P.V for a range of
+// output columns; each element's arithmetic is the same whichever ranges a call covers,
+// so one thread may run a unit whole (`attend`) or threads may share its steps
+// (`attend_shared`) with the same bits.
 //
 // A batch cache's left padding: the keys before a row's first kept one are left out of
 // the softmax (they would add exact zeros), so its 16 lanes count from that key and the
@@ -474,93 +495,203 @@ void dequant_rows(const QuantizedRows& rows, const Kernels& kern, int b, int kh,
 // would add exact zeros for them in position order (fma(+0, v, acc) is acc), so skipping
 // them keeps the bits, and a short row in a batch with a long one pays for its own
 // length, not the longest row's.
-void attend(const AttnProblem& p, Kernels kern, int b, int kh) {
-  const int G = p.Hq / p.Hkv;
-  const int R = G * p.M;
-  const bool quantized = p.bits != 0;
-  thread_local std::vector<float> scratch; // per thread: workers get their own
-  thread_local std::vector<int> spans; // per row: its first kept key and its valid keys
-  scratch.resize(static_cast<size_t>(R) * (p.D + p.T) +
-                 (quantized ? static_cast<size_t>(kPositions) * std::max(p.D, p.Dv) : 0));
-  spans.resize(2 * static_cast<size_t>(R));
-  float* qs = scratch.data();
-  float* s = qs + static_cast<size_t>(R) * p.D;
-  float* rows = s + static_cast<size_t>(R) * p.T; // a tile of dequantized K or V
-  int lo = p.T;
-  const bool* last_keep = nullptr; // rows sharing a mask row (heads broadcast) scan it once
-  int last_valid = -1, last_first = 0;
-  for (int r = 0; r < R; ++r) {
-    const int m = r % p.M;
-    const int h = kh * G + r / p.M;
-    const float* qr = p.q + b * p.q_strides[0] + h * p.q_strides[1] + m * p.q_strides[2];
-    for (int d = 0; d < p.D; ++d) {
-      qs[r * p.D + d] = qr[d] * p.scale;
-    }
-    // Causally excluded keys get exactly 0 (as exp of the float minimum minus the max
-    // would), so the softmax leaves them out and P.V adds exact zeros for them.
-    const int valid = p.causal ? std::clamp(p.T - p.M + m + 1, 0, p.T) : p.T;
-    const bool* keep = keep_row(p, b, h, m);
-    int first = 0;
-    if (valid > 0 && keep != nullptr) {
-      if (keep != last_keep || valid != last_valid) {
-        last_keep = keep;
-        last_valid = valid;
-        last_first = first_kept(p, keep, valid);
-      }
-      first = last_first;
-    }
-    spans[2 * r] = first;
-    spans[2 * r + 1] = valid;
-    lo = std::min(lo, first);
+struct Unit {
+  const AttnProblem* p;
+  Kernels kern;
+  int b, kh, G, R;
+  float* qs; // R x D: the rows' queries, scaled
+  float* s; // R x T: scores, then probabilities
+  int* spans; // per row: its first kept key and its valid keys
+  int lo; // the first key any row keeps
+
+  // Floats of scratch a unit needs for qs and s.
+  static size_t floats(const AttnProblem& p) {
+    const size_t R = static_cast<size_t>(p.Hq / p.Hkv) * p.M;
+    return R * (p.D + p.T);
   }
-  const float* k = quantized ? nullptr : p.k + b * p.k_strides[0] + kh * p.k_strides[1];
-  const float* v = quantized ? nullptr : p.v + b * p.v_strides[0] + kh * p.v_strides[1];
-  // Positions [t0, t0 + n) of K or V and their stride: in place in the cache, or unpacked
-  // into `rows` from a quantized one.
-  auto tile = [&](const float* in_place, const int64_t* strides, const QuantizedRows& packed,
-                  int dim, int t0, int n, int64_t& stride) -> const float* {
-    if (!quantized) {
-      stride = strides[2];
-      return in_place + t0 * strides[2];
+
+  void prepare(float* scratch, int* span_scratch) {
+    const AttnProblem& q = *p;
+    qs = scratch;
+    s = qs + static_cast<size_t>(R) * q.D;
+    spans = span_scratch;
+    lo = q.T;
+    const bool* last_keep = nullptr; // rows sharing a mask row (heads broadcast) scan it once
+    int last_valid = -1, last_first = 0;
+    for (int r = 0; r < R; ++r) {
+      const int m = r % q.M;
+      const int h = kh * G + r / q.M;
+      const float* qr = q.q + b * q.q_strides[0] + h * q.q_strides[1] + m * q.q_strides[2];
+      for (int d = 0; d < q.D; ++d) {
+        qs[r * q.D + d] = qr[d] * q.scale;
+      }
+      // Causally excluded keys get exactly 0 (as exp of the float minimum minus the max
+      // would), so the softmax leaves them out and P.V adds exact zeros for them.
+      const int valid = q.causal ? std::clamp(q.T - q.M + m + 1, 0, q.T) : q.T;
+      const bool* keep = keep_row(q, b, h, m);
+      int first = 0;
+      if (valid > 0 && keep != nullptr) {
+        if (keep != last_keep || valid != last_valid) {
+          last_keep = keep;
+          last_valid = valid;
+          last_first = first_kept(q, keep, valid);
+        }
+        first = last_first;
+      }
+      spans[2 * r] = first;
+      spans[2 * r + 1] = valid;
+      lo = std::min(lo, first);
     }
-    dequant_rows(packed, kern, b, kh, t0, n, dim, p, rows);
+  }
+
+  // Tiles are kPositions long from lo; tile i covers [lo + i * kPositions, ...).
+  int tiles() const { return (p->T - lo + kPositions - 1) / kPositions; }
+
+  // Positions [t0, t0 + n) of K or V and their stride: in place in the cache, or unpacked
+  // into `rows` (kPositions x dim floats) from a quantized one.
+  const float* tile(bool keys, int t0, int n, float* rows, int64_t& stride) const {
+    const AttnProblem& q = *p;
+    const int64_t* strides = keys ? q.k_strides : q.v_strides;
+    if (q.bits == 0) {
+      const float* base = (keys ? q.k : q.v) + b * strides[0] + kh * strides[1];
+      stride = strides[2];
+      return base + t0 * strides[2];
+    }
+    const int dim = keys ? q.D : q.Dv;
+    dequant_rows(keys ? q.kq : q.vq, kern, b, kh, t0, n, dim, q, rows);
     stride = dim;
     return rows;
-  };
-  for (int t0 = lo; t0 < p.T; t0 += kPositions) {
-    const int n = std::min(kPositions, p.T - t0);
-    int64_t stride = 0;
-    const float* keys = tile(k, p.k_strides, p.kq, p.D, t0, n, stride);
-    for (int r = 0; r < R; r += kBlock) {
-      kern.scores(qs + r * p.D, std::min(kBlock, R - r), p.D, keys, stride, n,
-                  s + static_cast<size_t>(r) * p.T + t0, p.T);
+  }
+
+  void score(int tile_begin, int tile_end, float* rows) const {
+    const AttnProblem& q = *p;
+    for (int i = tile_begin; i < tile_end; ++i) {
+      const int t0 = lo + i * kPositions;
+      const int n = std::min(kPositions, q.T - t0);
+      int64_t stride = 0;
+      const float* keys = tile(true, t0, n, rows, stride);
+      for (int r = 0; r < R; r += kBlock) {
+        kern.scores(qs + r * q.D, std::min(kBlock, R - r), q.D, keys, stride, n,
+                    s + static_cast<size_t>(r) * q.T + t0, q.T);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const int m = r % p.M;
-    float* row = s + static_cast<size_t>(r) * p.T;
-    const int first = spans[2 * r], valid = spans[2 * r + 1];
-    if (valid == 0) { // sees no key: MLX's softmax of equal minima, uniform over all T
-      std::fill(row, row + p.T, 1.0f / static_cast<float>(p.T));
-      continue;
-    }
-    apply_mask(p, b, kh * G + r / p.M, m, first, valid, row);
-    softmax(row + first, valid - first);
-    std::fill(row + lo, row + first, 0.0f);
-    std::fill(row + valid, row + p.T, 0.0f);
-  }
-  float* out = p.out + (static_cast<size_t>(b) * p.Hq + kh * G) * p.M * p.Dv;
-  // Sums tile by tile in position order: each output element's additions run as one
-  // pass over all positions would run them (the partial sums are stored and reloaded).
-  for (int t0 = lo; t0 < p.T; t0 += kPositions) {
-    const int n = std::min(kPositions, p.T - t0);
-    int64_t stride = 0;
-    const float* values = tile(v, p.v_strides, p.vq, p.Dv, t0, n, stride);
-    for (int r = 0; r < R; r += kBlock) {
-      kern.pv(s + static_cast<size_t>(r) * p.T + t0, p.T, std::min(kBlock, R - r), n, values,
-              stride, p.Dv, out + static_cast<size_t>(r) * p.Dv, t0 > lo);
+
+  void normalize(int r_begin, int r_end) const {
+    const AttnProblem& q = *p;
+    for (int r = r_begin; r < r_end; ++r) {
+      const int m = r % q.M;
+      float* row = s + static_cast<size_t>(r) * q.T;
+      const int first = spans[2 * r], valid = spans[2 * r + 1];
+      if (valid == 0) { // sees no key: MLX's softmax of equal minima, uniform over all T
+        std::fill(row, row + q.T, 1.0f / static_cast<float>(q.T));
+        continue;
+      }
+      apply_mask(q, b, kh * G + r / q.M, m, first, valid, row);
+      softmax(row + first, valid - first);
+      std::fill(row + lo, row + first, 0.0f);
+      std::fill(row + valid, row + q.T, 0.0f);
     }
   }
+
+  // Output columns [d0, d1). Sums tile by tile in position order: each output element's
+  // additions run as one pass over all positions would run them (the partial sums are
+  // stored and reloaded).
+  void weigh(int d0, int d1, float* rows) const {
+    const AttnProblem& q = *p;
+    float* out = q.out + (static_cast<size_t>(b) * q.Hq + kh * G) * q.M * q.Dv + d0;
+    for (int i = 0; i < tiles(); ++i) {
+      const int t0 = lo + i * kPositions;
+      const int n = std::min(kPositions, q.T - t0);
+      int64_t stride = 0;
+      const float* values = tile(false, t0, n, rows, stride) + d0;
+      for (int r = 0; r < R; r += kBlock) {
+        kern.pv(s + static_cast<size_t>(r) * q.T + t0, q.T, std::min(kBlock, R - r), n, values,
+                stride, d1 - d0, out + static_cast<size_t>(r) * q.Dv, q.Dv, t0 > lo);
+      }
+    }
+  }
+};
+
+Unit make_unit(const AttnProblem& p, const Kernels& kern, int u) {
+  const int G = p.Hq / p.Hkv;
+  return Unit{&p, kern, u / p.Hkv, u % p.Hkv, G, G * p.M, nullptr, nullptr, nullptr, 0};
+}
+
+// A quantized tile's unpacked rows.
+size_t tile_floats(const AttnProblem& p) {
+  return p.bits != 0 ? static_cast<size_t>(kPositions) * std::max(p.D, p.Dv) : 0;
+}
+
+void attend(const AttnProblem& p, const Kernels& kern, int u) {
+  thread_local std::vector<float> scratch; // per thread: workers get their own
+  thread_local std::vector<int> spans;
+  Unit unit = make_unit(p, kern, u);
+  scratch.resize(Unit::floats(p) + tile_floats(p));
+  spans.resize(2 * static_cast<size_t>(unit.R));
+  unit.prepare(scratch.data(), spans.data());
+  float* rows = scratch.data() + Unit::floats(p);
+  unit.score(0, unit.tiles(), rows);
+  unit.normalize(0, unit.R);
+  unit.weigh(0, p.Dv, rows);
+}
+
+// Fewer units than threads can share evenly (the bundled model's one sequence has 3 KV
+// heads for 2 threads: one thread did two, the other one, then waited): the threads share
+// each step of every unit instead, positions for the scores, rows for the softmax, units
+// and then columns for P.V, with the same bits (see Unit). A one-row step at a 4k
+// context: 27.2 against 30.7 ms (docs/benchmarks.md, round 21). Float K/V only: a
+// quantized tile would be unpacked once per column range.
+void attend_shared(const AttnProblem& p, const Kernels& kern, int units, int n_threads) {
+  thread_local std::vector<float> scratch; // the calling thread's; workers write into it
+  thread_local std::vector<int> spans;
+  thread_local std::vector<Unit> kept;
+  // A lambda names a thread_local as the running thread's own: the workers reach the
+  // calling thread's units through this reference.
+  std::vector<Unit>& all = kept;
+  const size_t per_unit = Unit::floats(p);
+  all.clear();
+  for (int u = 0; u < units; ++u) {
+    all.push_back(make_unit(p, kern, u));
+  }
+  const int R = all[0].R;
+  scratch.resize(per_unit * units);
+  spans.resize(2 * static_cast<size_t>(R) * units);
+  for (int u = 0; u < units; ++u) {
+    all[u].prepare(scratch.data() + per_unit * u, spans.data() + 2 * static_cast<size_t>(R) * u);
+  }
+  ThreadPool& pool = shared_pool();
+  const int parts = 2 * n_threads; // position ranges per unit: a late worker costs one
+  pool.run(n_threads, units * parts, [&](int c) {
+    const Unit& unit = all[c / parts];
+    const int part = c % parts, n = unit.tiles();
+    unit.score(n * part / parts, n * (part + 1) / parts, nullptr);
+  });
+  pool.run(n_threads, units * R, [&](int c) { all[c / R].normalize(c % R, c % R + 1); });
+  // P.V: column ranges of a unit read every V row in part, which costs more than they
+  // save (each thread's prefetches fetch the other's columns too), so whole units go
+  // round the threads first and only the ones left over are split by columns.
+  const int whole = units / n_threads * n_threads;
+  const int width = (p.Dv + 16 * n_threads - 1) / (16 * n_threads) * 16;
+  pool.run(n_threads, whole + (units - whole) * n_threads, [&](int c) {
+    if (c < whole) {
+      all[c].weigh(0, p.Dv, nullptr);
+      return;
+    }
+    const int d0 = std::min(p.Dv, (c - whole) % n_threads * width);
+    all[whole + (c - whole) / n_threads].weigh(d0, std::min(p.Dv, d0 + width), nullptr);
+  });
+}
+
+// Threads share a unit's steps when its positions are many and the units split unevenly
+// (more than a tenth of the threads' time idle), K and V are float, and each thread's
+// share of a position range is at least this many positions.
+constexpr int kSharedMinPositions = 256;
+
+bool share_units(const AttnProblem& p, int units, int n_threads) {
+  const int rounds = (units + n_threads - 1) / n_threads;
+  const bool uneven = 10 * rounds * n_threads > 11 * units;
+  return p.bits == 0 && uneven && p.T >= 2 * n_threads * kSharedMinPositions;
 }
 
 } // namespace
@@ -570,17 +701,19 @@ void sdpa_decode(const AttnProblem& p) {
   int units = p.B * p.Hkv;
   auto run = [&](int u0, int u1) {
     for (int u = u0; u < u1; ++u) {
-      attend(p, kern, u / p.Hkv, u % p.Hkv);
+      attend(p, kern, u);
     }
   };
   // The matmul's rule (qmm_kernel.cpp): waking a worker costs more than small work saves.
   // Work in its units: an FMA per query head, and loading a K or V element ~2 FMAs (like
-  // unpacking a weight). On the shared 2-core machine a second thread gained nothing
-  // measurable even at 16 x 1000 positions (it is memory-bound there), so the threshold
-  // stays where it was measured: twice the matmul's (which was lowered to 1 << 21 for
-  // the decode MLP's down projection), 1 << 22 by default.
+  // unpacking a weight). The threshold is twice the matmul's (1 << 22 by default).
   long work = static_cast<long>(p.B) * p.T * (p.D + p.Dv) * (p.Hq * p.M + 2 * p.Hkv);
-  int n_threads = work < 2 * parallel_min() ? 1 : std::min(threads(), units);
+  int n_threads = work < 2 * parallel_min() ? 1 : threads();
+  if (n_threads > 1 && share_units(p, units, n_threads)) {
+    attend_shared(p, kern, units, n_threads);
+    return;
+  }
+  n_threads = std::min(n_threads, units);
   if (n_threads <= 1) {
     run(0, units);
     return;
