@@ -7,8 +7,11 @@ Two scenarios, every server on the bundled model (vllm-mlx and mlx_lm.server on 
 mlx-lm directory, llama-server on the GGUF it came from):
 
 - **time to first token** of one request at ~512, ~2k and ~4k prompt tokens, each
-  prompt distinct from its first tokens (no server can reuse a cached prefix), one
-  token generated; the servers' order rotates each round so load drift favours none;
+  prompt distinct from its first tokens (no server can reuse a cached prefix); the
+  servers' order rotates each round so load drift favours none. The reply runs on to
+  `--decode-tokens` (48) and its median gap between streamed tokens is the **decode
+  speed at that context** (one stream whose attention spans the long prompt: an agent's
+  turn);
 - **stall**: 8 streams decode; once each has streamed a while, a ~4k-token prompt
   arrives; the streams' gaps between tokens while it is read (p50, p99, max) against
   their median before it and their median while it is read, and their median while
@@ -71,12 +74,24 @@ def long_prompt(tokens: int, seed: int) -> list[dict[str, str]]:
     ]
 
 
+@dataclass
+class Timed:
+    first: float  # seconds to the first streamed token
+    done: float  # seconds to the last chunk
+    prompt_tokens: int  # as the server counted them
+    token_times: list[float]  # perf_counter of every chunk with content
+
+    def median_gap_ms(self) -> float | None:
+        """The median gap between streamed tokens (None under 8 gaps: an early stop)."""
+        gaps = [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+        return statistics.median(gaps) * 1000 if len(gaps) >= 8 else None
+
+
 async def time_one(
     base_url: str, model: str, messages: list[dict[str, str]], max_tokens: int = 2
-) -> tuple[float, float, int]:
-    """Seconds to the first streamed token and to the last chunk, and the prompt tokens
-    the server counted. Two tokens by default: with one, a server may end the request
-    (store its cache) before it sends the token."""
+) -> Timed:
+    """One streamed request, timed. Two tokens by default: with one, a server may end the
+    request (store its cache) before it sends the token."""
     body = {
         "model": model,
         "messages": messages,
@@ -85,7 +100,7 @@ async def time_one(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    first, counted = None, 0
+    first, counted, token_times = None, 0, []
     async with httpx.AsyncClient(timeout=900) as client:
         started = time.perf_counter()
         async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as reply:
@@ -94,38 +109,43 @@ async def time_one(
                 if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                     continue
                 chunk = json.loads(line[5:])
-                if first is None and any(
-                    (c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()
-                ):
-                    first = time.perf_counter() - started
+                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                    token_times.append(time.perf_counter())
+                    first = token_times[0] - started
                 if chunk.get("usage"):
                     counted = int(chunk["usage"]["prompt_tokens"])
         done = time.perf_counter() - started
     if first is None:
         raise RuntimeError(f"{base_url}: no token streamed")
-    return first, done, counted
+    return Timed(first, done, counted, token_times)
 
 
-def ttft_table(live: list[PeerSpec], rounds: int) -> None:
+def ttft_table(live: list[PeerSpec], rounds: int, decode_tokens: int) -> None:
     print("### Time to first token, one request, distinct prompts\n")
-    print("| round | server | prompt tokens | seconds | prompt tok/s |")
-    print("| ---: | --- | ---: | ---: | ---: |")
+    print("| round | server | prompt tokens | seconds | prompt tok/s | decode ms/token |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
     times: dict[tuple[str, int], list[float]] = {}
+    gaps: dict[tuple[str, int], list[float]] = {}
     for r in range(rounds):
         shift = r % len(live)
         for spec in live[shift:] + live[:shift]:
             for length in LENGTHS:
                 seed = 100 * r + length // 512
-                seconds, _, counted = asyncio.run(
-                    time_one(spec.base_url, spec.model_id, long_prompt(length, seed))
+                timed = asyncio.run(
+                    time_one(spec.base_url, spec.model_id, long_prompt(length, seed), decode_tokens)
                 )
-                times.setdefault((spec.label, length), []).append(seconds)
+                times.setdefault((spec.label, length), []).append(timed.first)
+                gap = timed.median_gap_ms()
+                if gap is not None:
+                    gaps.setdefault((spec.label, length), []).append(gap)
                 print(
-                    f"| {r + 1} | {spec.label} | {counted} | {seconds:.2f} "
-                    f"| {counted / seconds:.0f} |",
+                    f"| {r + 1} | {spec.label} | {timed.prompt_tokens} | {timed.first:.2f} "
+                    f"| {timed.prompt_tokens / timed.first:.0f} "
+                    f"| {'-' if gap is None else f'{gap:.1f}'} |",
                     flush=True,
                 )
     print()
+    decode_ratios(live, gaps)
     first = live[0].label
     for length in LENGTHS:
         ours = statistics.mean(times[(first, length)])
@@ -143,6 +163,20 @@ def ttft_table(live: list[PeerSpec], rounds: int) -> None:
         f"- {first}: the {LENGTHS[-1]} / {LENGTHS[0]} time ratio is {longest / shortest:.1f}x "
         f"for {LENGTHS[-1] / LENGTHS[0]:.0f}x the tokens\n"
     )
+
+
+def decode_ratios(live: list[PeerSpec], gaps: dict[tuple[str, int], list[float]]) -> None:
+    """Decode speed after each prompt length: our median gap against each peer's."""
+    first = live[0].label
+    for length in LENGTHS:
+        ours = gaps.get((first, length))
+        ratios = ", ".join(
+            f"{first} / {spec.label} decode speed = "
+            f"{statistics.median(gaps[(spec.label, length)]) / statistics.median(ours):.2f}x"
+            for spec in live[1:]
+            if ours and (spec.label, length) in gaps
+        )
+        print(f"- decoding after ~{length} tokens (median gaps): {ratios or 'too few tokens'}")
 
 
 @dataclass
@@ -188,10 +222,9 @@ async def stall(spec: PeerSpec, length: int, seed: int) -> dict[str, float]:
                 raise RuntimeError(f"{spec.label}: a stream ended before the long prompt")
             await asyncio.sleep(0.05)  # polling a condition on the streams, not timing
         arrived = time.perf_counter()
-        seconds, done, counted = await time_one(
-            spec.base_url, spec.model_id, long_prompt(length, seed), LONG_TOKENS
-        )
-        read, decoded = arrived + seconds, arrived + done
+        timed = await time_one(spec.base_url, spec.model_id, long_prompt(length, seed), LONG_TOKENS)
+        seconds, counted = timed.first, timed.prompt_tokens
+        read, decoded = arrived + seconds, arrived + timed.done
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -261,6 +294,9 @@ def main() -> int:
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--skip-stall", action="store_true")
     parser.add_argument(
+        "--decode-tokens", type=int, default=48, help="tokens each TTFT reply runs to (2: none)"
+    )
+    parser.add_argument(
         "--baseline", help="python of another checkout's venv: its daemon in both scenarios"
     )
     parser.add_argument(
@@ -300,7 +336,7 @@ def main() -> int:
         with ExitStack() as stack:
             live = [stack.enter_context(running(s, work / f"{s.name}-{s.port}.log"))
                     for s in [*ours, *peers]]  # fmt: skip
-            ttft_table(live, args.rounds)
+            ttft_table(live, args.rounds, max(2, args.decode_tokens))
     if not args.skip_stall:
         unpaced = vllm_mlx_spec(
             work, model_dir, "vllm-mlx, max_prefill_stall: null",

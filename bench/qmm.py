@@ -8,7 +8,8 @@
 Two daemons on the bundled model, same BLAS: `dtype: auto` (the kernel when built) and
 `dtype: float32` (today's path); optionally llama-server on the bundled GGUF and
 mlx_lm.server on the float32 copy with the same BLAS. Scenarios rotate the order of the
-servers so that load drift favours none. Then the resident memory the weights add to a
+servers so that load drift favours none, and the second round starts them in the reverse
+order (a server started later measured faster). Then the resident memory the weights add to a
 fresh process, and optionally where a decode step spends its time. Prints markdown.
 """
 
@@ -104,6 +105,12 @@ def daemon_rss_mib(spec: PeerSpec) -> float:
     return float(status["memory"]["rss_gb"]) * 1024
 
 
+def kernel_pool(spec: PeerSpec) -> str:
+    """The daemon's kernel pool policy and how it was chosen (older builds: not reported)."""
+    pool = httpx.get(f"{spec.base_url}/v1/status", timeout=30).json().get("kernel_pool")
+    return "not reported" if pool is None else f"{pool['policy']} ({pool['chosen_by']})"
+
+
 def peer_specs(args: argparse.Namespace, work: Path, model_dir: Path) -> list[PeerSpec]:
     """The kernel and float32 daemons, then the peers asked for (skipped ones reported)."""
     specs = [vllm_mlx_spec(work, model_dir, name, model=cfg) for name, cfg in PATHS.items()]
@@ -142,24 +149,33 @@ def serve_side_by_side(specs: list[PeerSpec], work: Path, temperature: float = 0
     print("| concurrency | path | aggregate tok/s | per-stream tok/s p50 | TTFT p50 s | errors |")
     print("| ---: | --- | ---: | ---: | ---: | ---: |")
     results: dict[tuple[int, str], float] = {}
-    with ExitStack() as stack:
-        live = [stack.enter_context(running(s, work / f"{s.name}-{s.port}.log")) for s in specs]
-        for index, (concurrency, per_client) in enumerate(CASES * 2):
-            scenario = Scenario(
-                PROMPT_SETS["short"], concurrency, per_client, NEW_TOKENS, 900.0, temperature
-            )
-            shift = index % len(live)
-            for spec in live[shift:] + live[:shift]:
-                asyncio.run(warm_up(spec.base_url, spec.model_id, scenario))
-                s = summarize(asyncio.run(run_scenario(spec.base_url, spec.model_id, scenario)))
-                results.setdefault((concurrency, spec.label), 0.0)
-                results[(concurrency, spec.label)] += s.aggregate_tok_s / 2
-                print(
-                    f"| {concurrency} | {spec.label} | {s.aggregate_tok_s:.1f} "
-                    f"| {s.per_request_tok_s.p50:.1f} | {s.ttft_s.p50:.2f} | {s.errors} |",
-                    flush=True,
+    for round_ in range(2):
+        # The order the servers start in showed in their speed (a daemon started after
+        # another decoded 4-8% faster on the Xeon VM, docs/benchmarks.md round 21): the
+        # second round restarts them in the reverse order.
+        order = specs if round_ == 0 else specs[::-1]
+        with ExitStack() as stack:
+            live = [
+                stack.enter_context(running(s, work / f"{s.name}-{s.port}-{round_}.log"))
+                for s in order
+            ]
+            for index, (concurrency, per_client) in enumerate(CASES):
+                scenario = Scenario(
+                    PROMPT_SETS["short"], concurrency, per_client, NEW_TOKENS, 900.0, temperature
                 )
-        rss = {spec.label: daemon_rss_mib(spec) for spec in live[:2]}
+                shift = (round_ * len(CASES) + index) % len(live)
+                for spec in live[shift:] + live[:shift]:
+                    asyncio.run(warm_up(spec.base_url, spec.model_id, scenario))
+                    s = summarize(asyncio.run(run_scenario(spec.base_url, spec.model_id, scenario)))
+                    results.setdefault((concurrency, spec.label), 0.0)
+                    results[(concurrency, spec.label)] += s.aggregate_tok_s / 2
+                    print(
+                        f"| {concurrency} | {spec.label} | {s.aggregate_tok_s:.1f} "
+                        f"| {s.per_request_tok_s.p50:.1f} | {s.ttft_s.p50:.2f} | {s.errors} |",
+                        flush=True,
+                    )
+            rss = {spec.label: daemon_rss_mib(spec) for spec in specs[:2]}
+            pools = {spec.label: kernel_pool(spec) for spec in specs if spec.name == "vllm-mlx"}
     print(f"\nload average at end: {load_average()}")
     for concurrency, _ in CASES:
         for ours in ("kernel", "kernel-int8"):
@@ -172,6 +188,8 @@ def serve_side_by_side(specs: list[PeerSpec], work: Path, temperature: float = 0
                 if c == concurrency and label != ours
             )
             print(f"- concurrency {concurrency} (mean of 2 rounds): {ratios}")
+    for label, pool in pools.items():  # measured at load: a busy machine may pick another
+        print(f"- {label}: kernel pool {pool}")
     print(f"- daemon RSS after the run: kernel {rss['kernel']:.0f} MiB, "
           f"float32 {rss['float32']:.0f} MiB")  # fmt: skip
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,7 @@ def test_messages_round_trip_and_carry_only_what_followers_need() -> None:
     assert first.logprobs is None  # rank 0 alone answers the client
     assert first.shared is second.shared and first.shared is not None
     assert first.shared.members == 2
+    assert first.ignore_eos is False
+    # An ignore_eos row has no stop tokens: every rank must run it alike.
+    runs_on = decode(encode(Message(step=True, ops=[add_op(replace(request, ignore_eos=True))])))
+    assert rebuild.request(runs_on.ops[0][1]).ignore_eos

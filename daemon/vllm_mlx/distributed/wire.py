@@ -62,6 +62,7 @@ def add_op(request: GenerationRequest) -> list[Any]:
             "max": request.max_tokens,
             "greedy": request.sampling.greedy,
             "plp": request.prompt_logprobs,
+            "ie": request.ignore_eos,  # its row's stop tokens: every rank stops alike
             # id() names the group on rank 0; members arrive in order, like there.
             "shared": None if shared is None else [id(shared), shared.members],
         },
@@ -93,4 +94,5 @@ class RequestRebuilder:
             sampling=SamplingParams(temperature=0.0 if body["greedy"] else 1.0),
             prompt_logprobs=None if body["plp"] is None else int(body["plp"]),
             shared=shared,
+            ignore_eos=bool(body.get("ie", False)),
         )

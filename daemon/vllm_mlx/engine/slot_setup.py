@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
@@ -104,6 +105,9 @@ def store_finished(prefix_cache: Any, slot: Slot, response: Any) -> int:
     return stored
 
 
+NO_STOP = StopSequences(None)  # an ignore_eos row: no token ends it
+
+
 def insert_row(
     generator: Any,
     model: Any,
@@ -125,5 +129,7 @@ def insert_row(
         all_tokens=[list(request.prompt_tokens[: hit.cached])],
         samplers=[sampler],
         logits_processors=[processors],
+        # None: the generator's own (the model's end-of-sequence tokens).
+        stop_sequences=[NO_STOP] if request.ignore_eos else None,
     )
     return int(uid)

@@ -138,6 +138,9 @@ class GenerationRequest:
     # OpenAI's Predicted Outputs: text the reply is expected to repeat, as token ids;
     # prompt lookup proposes from it (docs/speculative.md).
     prediction: tuple[int, ...] = ()
+    # True: the model's end-of-sequence tokens do not end the reply (it runs to
+    # max_tokens, a stop string or the context); they are counted, never shown.
+    ignore_eos: bool = False
 
     @property
     def speculative_method(self) -> str | None:

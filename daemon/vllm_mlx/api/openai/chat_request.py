@@ -83,6 +83,7 @@ async def chat_generation(
         logprobs_raw=body.logprobs_mode == "raw_logprobs",
         speculative=requested_speculation(body.speculative),
         prediction=await predicted_tokens(turn, body),
+        ignore_eos=bool(body.ignore_eos),
     )
     tools = convert.tool_specs(convert.offered_tools(body))
     max_calls = 1 if body.parallel_tool_calls is False else None

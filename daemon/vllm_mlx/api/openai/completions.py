@@ -82,6 +82,7 @@ async def _base_request(
         logprobs_raw=body.logprobs_mode == "raw_logprobs",
         prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
         speculative=requested_speculation(body.speculative),
+        ignore_eos=bool(body.ignore_eos),
     )
     return turn.request(request_id, prompt, plan)
 

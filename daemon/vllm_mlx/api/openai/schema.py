@@ -157,6 +157,9 @@ class _SamplingFields(_Request):
     # (docs/speculative.md); true or unset: the model's setting; "ngram" or "draft":
     # that method (lookup on a model with a draft model).
     speculative: bool | Literal["ngram", "draft"] | None = None
+    # vLLM's and llama.cpp's extra: generate max_tokens tokens whatever the model's
+    # end-of-sequence (benchmark clients ask for fixed-length replies).
+    ignore_eos: bool | None = None
 
     @field_validator("stop")
     @classmethod

@@ -130,6 +130,13 @@ class Turn:
 
         `plan.timeout` (the request's own) may lower server.timeout, never raise it.
         """
+        if plan.ignore_eos and plan.constraint is not None:
+            raise bad_request(
+                "ignore_eos cannot be combined with a response format, structured outputs "
+                "or a forced tool call: the constrained reply ends with the end-of-sequence "
+                "token",
+                "ignore_eos",
+            )
         now = time.monotonic()
         server_timeout = self.settings.server.timeout
         limit = server_timeout if plan.timeout is None else min(plan.timeout, server_timeout)
@@ -150,6 +157,7 @@ class Turn:
             vision=prompt.vision,
             speculative=self.speculation(plan.speculative),
             prediction=plan.prediction,
+            ignore_eos=plan.ignore_eos,
         )
 
     def speculation(self, asked: Speculation) -> Speculation:
@@ -193,6 +201,7 @@ class RequestPlan:
     shared: SharedPrefill | None = None
     speculative: Speculation = True  # the request's field (requested_speculation)
     prediction: tuple[int, ...] = ()  # Predicted Outputs' text, as token ids
+    ignore_eos: bool = False  # the request's field (OpenAI routes: vLLM's extra)
 
 
 # What a model of each other task is, and the routes it does serve (for the 400).
