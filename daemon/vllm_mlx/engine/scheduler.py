@@ -340,8 +340,7 @@ class Scheduler:
             if slot.generated == 1:
                 slot.first_token_at = now
             self.stats.generated_tokens += 1
-            # The end-of-sequence token that ends a reply is not part of it; one an
-            # ignore_eos row runs past is counted (the detokenizer never shows it).
+            # A reply's final end-of-sequence token is not part of it (ignore_eos: counted).
             if not (gen.finish_reason == "stop" and gen.token in self._eos):
                 slot.pending.append(gen.token)
                 if slot.request.logprobs is not None:
