@@ -29,6 +29,7 @@ SOURCES = [
     # build of the whole extension is known to compile (their numerics are tested on x86).
     *(KERNELS / name for name in ("act_kernel.cpp", "attn_kernel.cpp", "attn_prefill.cpp")),
     *(KERNELS / name for name in ("attn_prefill_avx2.cpp", "attn_prefill_avx512.cpp")),
+    *(KERNELS / name for name in ("attn_decode_avx2.cpp", "attn_decode_avx512.cpp")),
 ]
 
 
