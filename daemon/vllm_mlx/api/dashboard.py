@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 from litestar import Request, Response, get, head
+from litestar.params import FromPath
 from litestar.response import Redirect
 
 from vllm_mlx.api.error_shapes import error_response
@@ -61,7 +62,7 @@ def ui_page(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 @get(f"{UI_PATH}/{{name:str}}", sync_to_thread=False)
-def ui_asset(request: Request[Any, Any, Any], name: str) -> Response[Any]:
+def ui_asset(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[Any]:
     return _serve(request, name)
 
 
