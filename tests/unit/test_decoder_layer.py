@@ -1,6 +1,7 @@
-"""A llama layer's decode step in the extension's two layer ops (models/cpu/decoder.py,
-kernels/layer.cpp): the same bits as mlx_lm's layer over the one-node-per-op swaps, and
-mlx_lm's own path wherever the ops do not compute what the layer does."""
+"""A llama layer's decode step, or a short chunk's, in the extension's two layer ops
+(models/cpu/decoder.py, kernels/layer.cpp): the same bits as mlx_lm's layer over the
+one-node-per-op swaps, and mlx_lm's own path wherever the ops do not compute what the
+layer does."""
 
 from __future__ import annotations
 
@@ -188,13 +189,36 @@ def test_new_weights_make_a_new_plan() -> None:
     assert same_steps(model, PROMPT, lambda: kv_caches(model))
 
 
-def test_several_positions_take_mlx_lms_path() -> None:
+def test_a_chunk_of_positions_keeps_the_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt's chunk (several positions a row, after earlier ones) takes the two ops,
+    with the bits of mlx_lm's layer."""
     model = prepared()
     decoder.swap_decoder_layers(model)
-    cache = kv_caches(model)
-    fused = model(PROMPT, cache=cache)
+    fused_calls = []
+    real = decoder._decode
+    monkeypatch.setattr(decoder, "_decode", lambda *a: fused_calls.append(1) or real(*a))
+
+    def chunks(cache: list[Any]) -> list[mx.array]:
+        return [model(PROMPT, cache=cache), model(PROMPT[:, :3] + 1, cache=cache)]
+
+    fused = chunks(kv_caches(model))
+    assert len(fused_calls) == 2 * len(model.layers)
     decoder.use_fused_layers(False)
-    assert mx.array_equal(fused, model(PROMPT, cache=kv_caches(model))).item()
+    plain = chunks(kv_caches(model))
+    assert all(mx.array_equal(a, b).item() for a, b in zip(fused, plain, strict=True))
+
+
+def test_a_chunk_past_the_kernels_rows_takes_mlx_lms_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past qmm.max_rows() the projections take dequantize + BLAS: mlx_lm's path, whose
+    bits those are."""
+    model = prepared()
+    decoder.swap_decoder_layers(model)
+    monkeypatch.setattr(qmm, "_max_rows", PROMPT.size - 1)
+    monkeypatch.setattr(decoder, "_decode", lambda *a: pytest.fail("took the fused path"))
+    mx.eval(model(PROMPT, cache=kv_caches(model)))
+    monkeypatch.setattr(qmm, "_max_rows", PROMPT.size)
+    with pytest.raises(pytest.fail.Exception):
+        model(PROMPT, cache=kv_caches(model))
 
 
 def weights(n: int, k: int, seed: int) -> list[mx.array]:
@@ -218,8 +242,11 @@ def test_the_ops_refuse_what_they_cannot_compute() -> None:
 
     q, k, v = inputs()
     assert (q.shape, k.shape, v.shape) == ((2, 4, 1, 16), (2, 2, 1, 16), (2, 2, 1, 16))
+    chunk = inputs(x=mx.zeros((2, 3, 64)))
+    assert [a.shape for a in chunk] == [(2, 4, 3, 16), (2, 2, 3, 16), (2, 2, 3, 16)]
     for bad, match in [
-        ({"x": mx.zeros((2, 3, 64))}, "shape \\(batch, 1, hidden\\)"),
+        ({"x": mx.zeros((2, 64))}, "shape \\(batch, positions, hidden\\)"),
+        ({"x": mx.zeros((2, 0, 64))}, "shape \\(batch, positions, hidden\\)"),
         ({"x": mx.zeros((2, 1, 64), dtype=mx.float16)}, "must be float32"),
         ({"norm_weight": mx.ones((63,))}, "norm weight"),
         ({"qkv": qkv[:6]}, "expected 3 projections"),
@@ -250,6 +277,7 @@ def test_the_ops_refuse_what_they_cannot_compute() -> None:
     assert outputs().shape == (2, 1, 64)
     for bad, match in [
         ({"attention": mx.zeros((3, 4, 1, 16))}, "x's batch"),
+        ({"attention": mx.zeros((2, 4, 3, 16))}, "x's batch and positions"),
         ({"o": weights(64, 32, 8)}, "last dimension must be 32"),
         ({"gate_up": gate_up[:3] + weights(80, 64, 9)}, "as many outputs"),
         ({"down": weights(32, 96, 10)}, "down's outputs"),

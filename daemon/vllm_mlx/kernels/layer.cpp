@@ -1,5 +1,6 @@
 #include "layer.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -19,10 +20,10 @@ namespace {
 }
 
 
-// x as (B, 1, D) float32, and a float32 norm weight of D.
+// x as (B, L, D) float32, and a float32 norm weight of D.
 void check_hidden(const mx::array& x, const mx::array& norm_weight, const char* op) {
-  if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(1) != 1) {
-    refuse(op, "x must be float32 of shape (batch, 1, hidden)");
+  if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(1) < 1) {
+    refuse(op, "x must be float32 of shape (batch, positions, hidden)");
   }
   if (norm_weight.dtype() != mx::float32 || norm_weight.ndim() != 1 ||
       norm_weight.shape(0) != x.shape(2)) {
@@ -52,6 +53,23 @@ void append_weights(std::vector<mx::array>& inputs, const std::vector<mx::array>
   for (auto& a : weights) {
     inputs.push_back(a.is_available() && a.flags().row_contiguous ? a
                                                                   : mx::contiguous(a, false, s));
+  }
+}
+
+// Between a projection's rows, (B, L, heads, hd), and the heads' layout, (B, heads, L, hd),
+// both row-major: with `to_rows` from the heads' layout to rows, otherwise the other way.
+void transpose_heads(const float* src, float* dst, int B, int L, int heads, int hd,
+                     bool to_rows) {
+  for (int b = 0; b < B; ++b) {
+    for (int l = 0; l < L; ++l) {
+      for (int h = 0; h < heads; ++h) {
+        size_t by_rows = ((static_cast<size_t>(b) * L + l) * heads + h) * hd;
+        size_t by_heads = ((static_cast<size_t>(b) * heads + h) * L + l) * hd;
+        const float* from = src + (to_rows ? by_heads : by_rows);
+        float* to = dst + (to_rows ? by_rows : by_heads);
+        std::copy(from, from + hd, to);
+      }
+    }
   }
 }
 
@@ -98,6 +116,7 @@ std::vector<mx::array> decoder_attention_inputs(
     refuse(op, "rope dims must be even, positive and at most head_dim");
   }
   int B = x.shape(0);
+  int L = x.shape(1);
   if (!mx::issubdtype(offset.dtype(), mx::integer) || offset.ndim() > 1 ||
       (offset.size() != 1 && offset.size() != static_cast<size_t>(B))) {
     refuse(op, "offset must be an integer or one integer per batch row");
@@ -119,7 +138,7 @@ std::vector<mx::array> decoder_attention_inputs(
   auto primitive =
       std::make_shared<DecoderAttentionInputs>(stream, eps, quantization, int8, rope);
   return mx::array::make_arrays(
-      {{B, n_heads, 1, head_dim}, {B, n_kv_heads, 1, head_dim}, {B, n_kv_heads, 1, head_dim}},
+      {{B, n_heads, L, head_dim}, {B, n_kv_heads, L, head_dim}, {B, n_kv_heads, L, head_dim}},
       {mx::float32, mx::float32, mx::float32}, std::move(primitive), std::move(inputs));
 }
 
@@ -131,45 +150,57 @@ void DecoderAttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   auto& offset = inputs[2];
   size_t first = rope_.has_freqs ? 4 : 3;
   int B = x.shape(0);
+  int L = x.shape(1);
   int D = x.shape(2);
   int H = outputs[0].shape(1);
   int KV = outputs[1].shape(1);
   int hd = outputs[0].shape(3);
+  int rows = B * L; // the projections' rows: position l of sequence b is row b * L + l
   auto xr = row_major(x, encoder);
   auto wr = row_major(inputs[1], encoder);
   auto fr = rope_.has_freqs ? row_major(inputs[3], encoder) : RowMajor{nullptr, {}};
-  // q and k before their rotation, (B, heads * head_dim) each; v straight into its output
-  // (for one position, (B, heads, 1, head_dim) row-major is (B, heads * head_dim)).
-  float* normed = temporary_floats(static_cast<size_t>(B) * (D + (H + KV) * hd), encoder);
-  float* q = normed + static_cast<size_t>(B) * D;
-  float* k = q + static_cast<size_t>(B) * H * hd;
-  std::vector<QmmProblem> problems{
-      problem(inputs, first, normed, q, B, D, quantization_, int8_),
-      problem(inputs, first + 3, normed, k, B, D, quantization_, int8_),
-      problem(inputs, first + 6, normed, outputs[2].data<float>(), B, D, quantization_, int8_)};
+  // q and k before their rotation, (rows, heads * head_dim) each. At one position v goes
+  // straight into its output ((B, heads, 1, head_dim) row-major is (B, heads * head_dim));
+  // at several it is made (rows, heads * head_dim) first and then moved to (B, heads, L,
+  // head_dim), as mlx_lm's reshape and transpose place it (copies: the same floats).
+  size_t v_floats = L == 1 ? 0 : static_cast<size_t>(rows) * KV * hd;
+  float* normed = temporary_floats(
+      static_cast<size_t>(rows) * (D + (H + KV) * hd) + v_floats, encoder);
+  float* q = normed + static_cast<size_t>(rows) * D;
+  float* k = q + static_cast<size_t>(rows) * H * hd;
+  float* v_out = outputs[2].data<float>();
+  float* v = L == 1 ? v_out : k + static_cast<size_t>(rows) * KV * hd;
+  auto projection = [&](size_t at, float* y) {
+    return problem(inputs, at, normed, y, rows, D, quantization_, int8_);
+  };
+  std::vector<QmmProblem> problems{projection(first, q), projection(first + 3, k),
+                                   projection(first + 6, v)};
   auto rotation = [&](const float* src, float* dst, int heads) {
     int64_t row = static_cast<int64_t>(heads) * hd;
-    return RopeTask{{B, heads, 1, hd, row, hd, row, 1}, src, dst, offset.data<int32_t>(),
+    return RopeTask{{B, heads, L, hd, L * row, hd, row, 1}, src, dst, offset.data<int32_t>(),
                     offset.size() == 1 ? 0 : offset.strides()[0], nullptr, rope_.dims,
                     rope_.traditional, rope_.base, rope_.scale};
   };
   auto rope_q = rotation(q, outputs[0].data<float>(), H);
   auto rope_k = rotation(k, outputs[1].data<float>(), KV);
-  encoder.dispatch([xr, wr, fr, normed, problems = std::move(problems), rope_q, rope_k, B, D,
-                    eps = eps_]() mutable {
+  encoder.dispatch([xr, wr, fr, normed, problems = std::move(problems), rope_q, rope_k, v,
+                    v_out, rows, B, L, KV, hd, D, eps = eps_]() mutable {
     for (auto* in : {&xr, &wr, &fr}) {
       if (in->fill) {
         in->fill();
       }
     }
-    for (int b = 0; b < B; ++b) {
-      rms_norm_row(xr.data + static_cast<size_t>(b) * D, wr.data,
-                   normed + static_cast<size_t>(b) * D, D, eps);
+    for (int r = 0; r < rows; ++r) {
+      rms_norm_row(xr.data + static_cast<size_t>(r) * D, wr.data,
+                   normed + static_cast<size_t>(r) * D, D, eps);
     }
     qmm_many(problems.data(), static_cast<int>(problems.size()));
     rope_q.freqs = rope_k.freqs = fr.data;
     rope_q();
     rope_k();
+    if (v != v_out) {
+      transpose_heads(v, v_out, B, L, KV, hd, false);
+    }
   });
 }
 
@@ -185,9 +216,11 @@ mx::array decoder_mlp_residual(
     mx::StreamOrDevice s) {
   const char* op = "decoder_mlp_residual";
   check_hidden(x, norm_weight, op);
-  if (attention.dtype() != mx::float32 || attention.ndim() != 4 || attention.shape(2) != 1 ||
-      attention.shape(0) != x.shape(0)) {
-    refuse(op, "attention must be float32 (batch, heads, 1, head_dim), x's batch");
+  if (attention.dtype() != mx::float32 || attention.ndim() != 4 ||
+      attention.shape(2) != x.shape(1) || attention.shape(0) != x.shape(0)) {
+    refuse(op,
+           "attention must be float32 (batch, heads, positions, head_dim), x's batch and "
+           "positions");
   }
   if (!(eps > 0.0f)) {
     refuse(op, "eps must be positive");
@@ -222,30 +255,40 @@ void DecoderMlpResidual::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   register_arrays(encoder, inputs, outputs);
   auto& attention = inputs[0];
   auto& x = inputs[1];
-  int B = x.shape(0);
+  int L = x.shape(1);
+  int B = x.shape(0) * L; // rows: position l of sequence b is row b * L + l
   int D = x.shape(2);
-  int A = attention.shape(1) * attention.shape(3);
+  int heads = attention.shape(1);
+  int hd = attention.shape(3);
+  int A = heads * hd;
   int F = inputs[6].shape(0);
   auto ar = row_major(attention, encoder);
   auto xr = row_major(x, encoder);
   auto wr = row_major(inputs[2], encoder);
   // h, the normed h, and the gate and up products (B rows each); the down product goes
-  // to the output, which then gets h added in place.
-  float* h = temporary_floats(static_cast<size_t>(B) * (2 * D + 2 * F), encoder);
+  // to the output, which then gets h added in place. At several positions the attention
+  // is moved from (batch, heads, L, hd) to rows first, as mlx_lm's transpose and reshape
+  // copy it.
+  size_t moved = L == 1 ? 0 : static_cast<size_t>(B) * A;
+  float* h = temporary_floats(static_cast<size_t>(B) * (2 * D + 2 * F) + moved, encoder);
   float* normed = h + static_cast<size_t>(B) * D;
   float* gate = normed + static_cast<size_t>(B) * D;
   float* up = gate + static_cast<size_t>(B) * F;
   float* y = out.data<float>();
-  QmmProblem o = problem(inputs, 3, ar.data, h, B, A, o_, int8_);
+  float* rows = L == 1 ? nullptr : up + static_cast<size_t>(B) * F;
+  QmmProblem o = problem(inputs, 3, rows ? rows : ar.data, h, B, A, o_, int8_);
   std::vector<QmmProblem> gate_up{problem(inputs, 6, normed, gate, B, D, gate_up_, int8_),
                                   problem(inputs, 9, normed, up, B, D, gate_up_, int8_)};
   QmmProblem down = problem(inputs, 12, gate, y, B, F, down_, int8_);
-  encoder.dispatch([ar, xr, wr, o, gate_up = std::move(gate_up), down, h, normed,
-                    gate, up, y, B, D, F, eps = eps_]() mutable {
+  encoder.dispatch([ar, xr, wr, o, gate_up = std::move(gate_up), down, h, normed, gate, up,
+                    y, rows, B, L, D, F, heads, hd, eps = eps_]() mutable {
     for (auto* in : {&ar, &xr, &wr}) {
       if (in->fill) {
         in->fill();
       }
+    }
+    if (rows != nullptr) {
+      transpose_heads(ar.data, rows, B / L, L, heads, hd, true);
     }
     qmm(o); // h = o(attention) ...
     size_t hidden = static_cast<size_t>(B) * D;

@@ -1,4 +1,5 @@
-// A Llama-style decoder layer's decode step in three graph nodes around the KV cache.
+// A Llama-style decoder layer's decode step (or a short chunk's) in three graph nodes
+// around the KV cache.
 //
 // One decode step of the bundled model was 762 graph nodes, ~25 a layer (norms, the
 // q/k/v and gate/up products, reshapes and transposes, two rotary embeddings, the o and
@@ -27,10 +28,13 @@ struct Quantization {
   int bits;
 };
 
-// rope(q), rope(k), v of a decoder layer at one position per row: x is (B, 1, D) float32,
-// qkv the q, k and v projections' (w, scales, biases), nine arrays, quantized alike.
-// Returns q (B, n_heads, 1, head_dim), k and v (B, n_kv_heads, 1, head_dim), as mlx_lm's
-// Attention has them after its reshapes, transposes and rotary embedding.
+// rope(q), rope(k), v of a decoder layer at L positions per row (1 when decoding, a few
+// for a prompt's chunk or a draft's check): x is (B, L, D) float32, qkv the q, k and v
+// projections' (w, scales, biases), nine arrays, quantized alike; position l of row b
+// rotates at offset[b] + l. Returns q (B, n_heads, L, head_dim), k and v (B, n_kv_heads,
+// L, head_dim), as mlx_lm's Attention has them after its reshapes, transposes and rotary
+// embedding. The projections take B * L rows in one call: the caller keeps that within
+// the rows the kernel serves (past them the one-op path takes dequantize + BLAS).
 std::vector<mx::array> decoder_attention_inputs(
     const mx::array& x, const mx::array& norm_weight, float eps,
     const std::vector<mx::array>& qkv, Quantization quantization, bool int8, int n_heads,
@@ -39,7 +43,7 @@ std::vector<mx::array> decoder_attention_inputs(
     mx::StreamOrDevice s = {});
 
 // h + down(swiglu(gate(n), up(n))), n = rms_norm(h), h = x + o(attention): the rest of the
-// layer. attention is (B, n_heads, 1, head_dim), x (B, 1, D); o, gate_up (gate then up)
+// layer. attention is (B, n_heads, L, head_dim), x (B, L, D); o, gate_up (gate then up)
 // and down are (w, scales, biases) arrays.
 mx::array decoder_mlp_residual(
     const mx::array& attention, const mx::array& x, const std::vector<mx::array>& o,
