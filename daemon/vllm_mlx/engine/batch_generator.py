@@ -41,8 +41,21 @@ from vllm_mlx.models.cpu.vocab import log_probabilities
 
 class LeanGenerationBatch(GenerationBatch):
     speculator: Speculator | None = None
+    # Set by a paced generator for a step that a prompt's chunk follows: the step's
+    # computation is finished before `next` returns (not left running under the chunk's),
+    # and `step_seconds` is what it took, so that the pacer knows both costs apart.
+    settle: bool = False
+    step_seconds: float | None = None
 
     def next(self) -> list[Any]:
+        started = time.perf_counter()
+        responses = self._responses()
+        if self.settle and self.uids and self._next_tokens is not None:
+            mx.eval(self._next_tokens)
+        self.step_seconds = time.perf_counter() - started if self.settle else None
+        return responses
+
+    def _responses(self) -> list[Any]:
         if self.speculator is not None and self.uids:
             responses = self.speculator.step(self)
             if responses is not None:
@@ -128,11 +141,17 @@ class LeanBatchGenerator(BatchGenerator):
         # batch loops over that piece by its own: both follow the pacer.
         self.prefill_step_size = chunk
         self._prompt_batch.prefill_step_size = chunk
+        batch = self._generation_batch
+        batch.settle = decoding and prompts > 0
         before = self._counters.prompt_tokens
         started = time.perf_counter()
         prompt_responses, generation_responses = super()._next()  # type: ignore[no-untyped-call]
+        seconds = time.perf_counter() - started
         processed = self._counters.prompt_tokens - before
-        pacer.observe(time.perf_counter() - started, processed, bool(generation_responses))
+        decode_seconds = batch.step_seconds  # None unless settled
+        if decode_seconds is None and not processed:
+            decode_seconds = seconds  # a step with no chunk: all of it
+        pacer.observe(seconds, processed, decode_seconds if generation_responses else None)
         return prompt_responses, generation_responses
 
 

@@ -6,14 +6,28 @@ chunk (`engine.prefill_step_size`, 512 tokens) one chunk costs 2-4 s on a 2-core
 where a decode step of 8 rows costs ~60 ms: every stream stalls for seconds, once per
 chunk, while a long prompt is read (docs/benchmarks.md).
 
-On a CPU prefill is compute-bound, so a small chunk costs about as much per token as a
-large one, and the chunk can be sized by time instead: while sequences are decoding,
-each step's chunk is sized to take about `max_stall` decode steps, from the measured
-cost of a decode step and of a prompt token (moving averages, so they follow the batch
-size and the attention cost that grows with the prompt's offset). The streams' gap
-between tokens stays within about (1 + max_stall) times their usual one; the prompt
-gets max_stall / (1 + max_stall) of the time. With nothing decoding the chunk is the
-full `prefill_step_size`: a lone prompt's time to first token is unchanged.
+The chunk is sized by time instead: while sequences are decoding, each step's chunk is
+sized to take about `max_stall` decode steps, from the measured cost of a decode step
+and of a prompt token (moving averages, so they follow the batch size, the streams'
+own growing contexts and the attention cost that grows with the prompt's offset). The
+streams' gap between tokens stays within about (1 + max_stall) times their current
+one; the prompt gets max_stall / (1 + max_stall) of the time. With nothing decoding the
+chunk is the full `prefill_step_size`: a lone prompt's time to first token is unchanged.
+
+Both costs are measured apart in every paced step: the generator finishes the step's
+decode computation before the chunk starts (engine/batch_generator.py), where mlx-lm
+would let the next decode step compute under the chunk's. Before, the decode cost was
+known only from steps without a chunk, so while a long prompt was read the streams'
+growth was charged to the prompt's tokens: their cost seemed to grow, and the chunks
+shrank to the smallest (4,129 tokens beside 8 streams in ~960 steps of ~4.3 tokens at
+`max_stall: 1.0`, docs/benchmarks.md round 22).
+
+A token's cost is the chunk's time over its tokens, so a chunk's fixed part (the
+weights read once more, attention over every earlier key) is spread over them. Sizing
+by it still settles where a chunk takes max_stall decode steps: after a chunk of k
+tokens cost a + b*k, the next is sized k' = budget * k / (a + b*k), whose fixed point
+a + b*k = budget is stable (each step's error shrinks by a / budget); the ladder's floor
+stops the approach up to one ladder step short of it.
 
 Chunk sizes come from a short ladder (multiples of 4 below 32, then powers of two) so
 that a prompt is cut in few distinct ways whatever the timing noise; a distributed group
@@ -63,19 +77,17 @@ class PrefillPacer:
         budget = self.max_stall * self.step_seconds / self.token_seconds / prompts
         return _ladder_floor(budget, self.step_size)
 
-    def observe(self, seconds: float, prompt_tokens: int, decoded: bool) -> None:
-        """One step's wall time, the prompt tokens it processed, whether it decoded."""
+    def observe(self, seconds: float, prompt_tokens: int, decode_seconds: float | None) -> None:
+        """One step's wall time, the prompt tokens it processed, and its decode step's own
+        time (None: it decoded nothing)."""
         if seconds <= 0:
             return
-        if prompt_tokens == 0:
-            if decoded:
-                self.step_seconds = _average(self.step_seconds, seconds)
-            return
-        spent = seconds
-        if decoded and self.step_seconds is not None:
-            # The decode step's share; never below a tenth, against a noisy average.
-            spent = max(seconds - self.step_seconds, seconds / 10)
-        self.token_seconds = _average(self.token_seconds, spent / prompt_tokens)
+        if decode_seconds is not None and decode_seconds > 0:
+            self.step_seconds = _average(self.step_seconds, decode_seconds)
+        if prompt_tokens > 0:
+            # Never below a tenth of the step: a token is never free, whatever the timer.
+            spent = max(seconds - (decode_seconds or 0.0), seconds / 10)
+            self.token_seconds = _average(self.token_seconds, spent / prompt_tokens)
 
     def describe(self) -> dict[str, float | None]:
         return {
