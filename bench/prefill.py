@@ -411,7 +411,9 @@ def main() -> int:
             for label, tag, python in runs
             for stall in args.stall
         ]
-        stall_table([*paced, unpaced, *([llama] if llama and not llama.skip else [])], work, 1)
+        stall_table(
+            [*paced, unpaced, *([llama] if llama and not llama.skip else [])], work, args.rounds
+        )
     print(f"load average at end: {load_average()}")
     return 0
 
