@@ -8,8 +8,9 @@ chunk, while a long prompt is read (docs/benchmarks.md).
 
 The chunk is sized by time instead: while sequences are decoding, each step's chunk is
 sized to take about `max_stall` decode steps, from the measured cost of a decode step
-and of a prompt token (moving averages, so they follow the batch size, the streams'
-own growing contexts and the attention cost that grows with the prompt's offset). The
+(the median of the latest few, so that a rare slow step does not widen the budget) and
+of a prompt token (a moving average); both follow the batch size, the streams' own
+growing contexts and the attention cost that grows with the prompt's offset. The
 streams' gap between tokens stays within about (1 + max_stall) times their current
 one; the prompt gets max_stall / (1 + max_stall) of the time. With nothing decoding the
 chunk is the full `prefill_step_size`: a lone prompt's time to first token is unchanged.
@@ -36,10 +37,17 @@ that a prompt is cut in few distinct ways whatever the timing noise; a distribut
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 SMALLEST_CHUNK = 4  # at a 4k offset one token costs ~10 ms here: 16 were 3x a decode step
-_SMOOTHING = 0.3  # weight of the newest measurement in the moving averages
+_SMOOTHING = 0.3  # weight of the newest measurement in the token cost's moving average
+# The decode step's cost is the median of this many latest steps. A moving average took
+# a rare slow step (a collection, the host) as a larger budget, and the next chunks were
+# sized to it: at `max_prefill_stall: 1.0` the streams' p99 while a 4k prompt was read
+# rose from ~130 to ~150-200 ms over HTTP (docs/benchmarks.md, round 22).
+STEP_WINDOW = 9
 
 
 def _ladder_floor(tokens: float, largest: int) -> int:
@@ -65,8 +73,9 @@ def _average(previous: float | None, value: float) -> float:
 class PrefillPacer:
     step_size: int  # the chunk with nothing decoding (engine.prefill_step_size)
     max_stall: float  # a chunk beside decoding takes about this many decode steps
-    step_seconds: float | None = None  # a decode step with no prefill, moving average
+    step_seconds: float | None = None  # a decode step's own cost, median of recent ones
     token_seconds: float | None = None  # one prompt token's share of a step, moving average
+    _steps: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW), repr=False)
 
     def chunk(self, decoding: bool, prompts: int) -> int:
         """Tokens of each waiting prompt to process in the coming step."""
@@ -83,7 +92,8 @@ class PrefillPacer:
         if seconds <= 0:
             return
         if decode_seconds is not None and decode_seconds > 0:
-            self.step_seconds = _average(self.step_seconds, decode_seconds)
+            self._steps.append(decode_seconds)
+            self.step_seconds = statistics.median(self._steps)
         if prompt_tokens > 0:
             # Never below a tenth of the step: a token is never free, whatever the timer.
             spent = max(seconds - (decode_seconds or 0.0), seconds / 10)
