@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from vllm_mlx.engine.engine import Engine
+from vllm_mlx.engine.prefill_pacing import PrefillPacer
 from vllm_mlx.engine.scheduler import SchedulerConfig
 from vllm_mlx.engine.types import (
     GenerationRequest,
@@ -70,9 +73,23 @@ async def stream_during_prefill(engine: Engine) -> tuple[int, list[int], list[in
     return during, out, streamed
 
 
-def test_a_stream_keeps_going_while_a_long_prompt_is_read(engine: Engine) -> None:
+def test_a_stream_keeps_going_while_a_long_prompt_is_read(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert len(chat(engine, LONG)) > 512  # 2 whole chunks
+    observed: list[tuple[float, int, float | None]] = []
+    observe = PrefillPacer.observe
+
+    def spy(pacer: PrefillPacer, seconds: float, tokens: int, decode: float | None) -> None:
+        observed.append((seconds, tokens, decode))
+        observe(pacer, seconds, tokens, decode)
+
+    monkeypatch.setattr(PrefillPacer, "observe", spy)
     paced_during, paced_long, paced_stream = asyncio.run(stream_during_prefill(engine))
+    # The steps that decoded and read a chunk timed their decode step apart: its part
+    # of the step, not all of it.
+    both = [(s, d) for s, tokens, d in observed if tokens and d is not None]
+    assert both and all(0 < d < s for s, d in both)
     unpaced = Engine(engine.loaded, SchedulerConfig(max_batch_size=8, max_prefill_stall=None))
     unpaced.start()
     try:

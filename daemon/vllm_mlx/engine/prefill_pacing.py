@@ -20,8 +20,11 @@ decode computation before the chunk starts (engine/batch_generator.py), where ml
 would let the next decode step compute under the chunk's. Before, the decode cost was
 known only from steps without a chunk, so while a long prompt was read the streams'
 growth was charged to the prompt's tokens: their cost seemed to grow, and the chunks
-shrank to the smallest (4,129 tokens beside 8 streams in ~960 steps of ~4.3 tokens at
-`max_stall: 1.0`, docs/benchmarks.md round 22).
+shrank below the budget. In-process, 8 streams and a 4k prompt at `max_stall: 3.0`:
+394 steps of mostly 4-8 tokens, a step's median 109 ms where 4 decode steps were ~160,
+the prompt's first token after 44.9 s; measured apart, 219 steps of 12-32 tokens, 143 ms,
+32.8 s (docs/benchmarks.md, round 22; over HTTP the first token came no sooner, 38-39 s
+against 40-44 s: larger chunks at a long offset cost about as much a token).
 
 A token's cost is the chunk's time over its tokens, so a chunk's fixed part (the
 weights read once more, attention over every earlier key) is spread over them. Sizing
