@@ -76,6 +76,30 @@ def test_the_bits_and_the_caches_of_the_update_and_the_attention(at: int, masked
     assert np.array_equal(np.array(kc), before[0]) and np.array_equal(np.array(vc), before[1])
 
 
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda a: a[..., 3:, :],  # a batch cache after its left padding is dropped
+        lambda a: a[::2],  # every other row: runs of a whole row apart
+        lambda a: a.transpose(1, 0, 2, 3),  # heads outermost: no two dimensions row-major
+    ],
+)
+def test_a_cache_laid_out_otherwise_is_copied_with_its_values(view: Any) -> None:
+    """A cache buffer that is a strided view (not row-major) is copied into the node's
+    new buffer in row-major order, element for element."""
+    big_k, big_v = normal((2 * B, HKV, S + 3, D), 4), normal((2 * B, HKV, S + 3, D), 5)
+    kc, vc = view(big_k), view(big_v)
+    rows, heads, positions = kc.shape[0], kc.shape[1], kc.shape[2]
+    q = normal((rows, heads * (HQ // HKV), 1, D), 1)
+    k, v = normal((rows, heads, 1, D), 2), normal((rows, heads, 1, D), 3)
+    at = positions - 2
+    want = reference(q, k, v, mx.contiguous(kc), mx.contiguous(vc), at, None)
+    got = qmm.extension().sdpa_decode_append(q, k, v, kc, vc, at, SCALE)
+    mx.eval(got, want)
+    for have, expected in zip(got, want, strict=True):
+        assert mx.array_equal(have, expected).item()
+
+
 def test_a_cache_nothing_else_holds_is_written_in_place() -> None:
     q, k, v = normal((B, HQ, 1, D), 1), normal((B, HKV, 1, D), 2), normal((B, HKV, 1, D), 3)
     kc, vc = normal((B, HKV, S, D), 4), normal((B, HKV, S, D), 5)

@@ -3,6 +3,7 @@
 // of them per decode step) that would otherwise sit in front of it.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -14,22 +15,36 @@ namespace vllm_mlx_kernels {
 namespace mx = mlx::core;
 
 // Copies a strided array (src points at its first element) into row-major order; dst
-// holds the product of shape.
+// holds the product of shape. The trailing dimensions that are laid out row-major in src
+// (a slice along an outer axis, such as a batch cache's positions after its left padding
+// is dropped) are copied as whole runs: an element-by-element walk took hundreds of ms
+// for a decode step's caches (docs/benchmarks.md, round 22).
 template <typename T>
 void gather_strided(const T* src, const mx::Shape& shape, const mx::Strides& strides, T* dst) {
   int nd = static_cast<int>(shape.size());
-  std::vector<int> index(nd, 0);
   size_t total = 1;
   for (int d : shape) {
     total *= static_cast<size_t>(d);
   }
-  for (size_t i = 0; i < total; ++i) {
+  if (total == 0) {
+    return;
+  }
+  // The longest suffix of dimensions that is row-major in src: one run of `run` elements.
+  int outer = nd;
+  size_t run = 1;
+  while (outer > 0 && (shape[outer - 1] == 1 ||
+                       strides[outer - 1] == static_cast<int64_t>(run))) {
+    run *= static_cast<size_t>(shape[outer - 1]);
+    --outer;
+  }
+  std::vector<int> index(outer, 0);
+  for (size_t i = 0; i < total; i += run) {
     int64_t at = 0;
-    for (int d = 0; d < nd; ++d) {
+    for (int d = 0; d < outer; ++d) {
       at += index[d] * strides[d];
     }
-    dst[i] = src[at];
-    for (int d = nd - 1; d >= 0 && ++index[d] == shape[d]; --d) {
+    std::copy(src + at, src + at + run, dst + i);
+    for (int d = outer - 1; d >= 0 && ++index[d] == shape[d]; --d) {
       index[d] = 0;
     }
   }
