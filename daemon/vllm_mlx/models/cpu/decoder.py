@@ -28,8 +28,8 @@ decoding streams, a speculative draft's check) takes the same two ops while its 
 stay within the kernel's (`qmm.max_rows()`; a longer chunk's projections take
 dequantize + BLAS in mlx_lm's path, other bits), with mlx_lm's cache update and
 attention.py's routing between them: ~25 nodes a layer fewer. A 4-token chunk after 256
-positions took 23.0 ms against 26.9 ms, 8 tokens 37.8 against 43.0 ms (docs/benchmarks.md,
-round 22).
+positions took 20.2 ms against 24.0 ms, after 4,096 42.4 against 48.3 ms
+(docs/benchmarks.md, round 22).
 """
 
 from __future__ import annotations
