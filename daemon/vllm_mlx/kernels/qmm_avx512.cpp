@@ -9,10 +9,13 @@
 // short prefill): a chunk of weights for 2 output rows is unpacked and dequantized once,
 // then FMA'd into 8 activation rows: 16 accumulators stay in the 32 vector registers, and
 // unpacking is paid once per 8 rows instead of once per 4 (AVX2).
+#include "lanes_avx512.h"
 #include "qmm_internal.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include <algorithm>
 
 namespace vllm_mlx_kernels {
 
@@ -183,76 +186,98 @@ AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
   }
 }
 
+// Keeps v in a register: the compiler would otherwise fold each use of a loaded x into
+// its FMA as a memory operand, loading it once per output row (NT times), and the
+// tile's loads then rival its FMAs for the core's two 512-bit load ports.
+AVX512 inline void in_register(__m512& v) {
+  __asm__("" : "+v"(v));
+}
+
+// The sums of COUNT <= 16 accumulators into out, each exactly _mm512_reduce_add_ps's
+// (reduce_add16 adds the same pairs, 16 at a time: a sixth of the instructions).
+template <int COUNT>
+AVX512 inline void store_sums(const __m512 (&acc)[COUNT], float* out) {
+  __m512 all[16];
+  for (int i = 0; i < 16; ++i) {
+    all[i] = i < COUNT ? acc[i] : _mm512_setzero_ps();
+  }
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << COUNT) - 1), reduce_add16(all));
+}
+
+// Activation rows [m0, m0 + MT) x output rows [n_begin, n_end), NT output rows at a time
+// (n_end - n_begin a multiple of NT). The loop over output rows is in here, not around
+// the call: a call's fixed costs (the group count's division, the activations' pointer,
+// spilling the accumulators) were a fifth of a 2-output tile over 576 inputs.
 template <int BITS, int MT, int NT, ScaleType ST>
-AVX512 void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
+AVX512 void tile_rows(const QmmProblem& p, const Prepared& xp, int m0, int n_begin, int n_end) {
   const int gs = p.group_size;
   const int groups = p.K / gs;
-  const uint8_t* w[NT];
-  for (int j = 0; j < NT; ++j) {
-    w[j] = row_of<BITS>(p, n0 + j);
-  }
-  const float* x[MT];
-  __m512 acc[MT][NT];
-  for (int i = 0; i < MT; ++i) {
-    x[i] = xp.x.data() + static_cast<size_t>(m0 + i) * p.K;
-    for (int j = 0; j < NT; ++j) {
-      acc[i][j] = _mm512_setzero_ps();
-    }
-  }
+  // Row i of the tile's activations at x + i * K: one pointer, not MT (the general
+  // registers hold the weights' pointers and the loop's counters too).
+  const float* x = xp.x.data() + static_cast<size_t>(m0) * p.K;
+  const size_t K = static_cast<size_t>(p.K);
   const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
   // Only the first pass over these output rows reads them from memory (later activation
   // rows find them in cache), and from 4 activation rows on the tile is bound by its
   // arithmetic: prefetching there only cost time (8 rows: 4-6% slower per product).
   const bool streams = MT <= 2 && m0 == 0;
   const long ahead = streams ? g_prefetch_distance.load(std::memory_order_relaxed) : 0;
-  GroupScales<NT, ST> scales;
-  for (int g = 0; g < groups; ++g) {
-    prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
-    scales.at_group(p, n0, groups, g);
-    __m512 s[NT], b[NT], table[NT];
+  for (int n0 = n_begin; n0 < n_end; n0 += NT) {
+    const uint8_t* w[NT];
     for (int j = 0; j < NT; ++j) {
-      s[j] = scales.s(j, g);
-      b[j] = scales.b(j, g);
-      table[j] = group_table(s[j], b[j]);
+      w[j] = row_of<BITS>(p, n0 + j);
     }
-    for (int k = g * gs; k < (g + 1) * gs; k += 32) {
-      __m512 lo[NT], hi[NT];
-      for (int j = 0; j < NT; ++j) {
-        dequantize<BITS>(w[j], k, s[j], b[j], table[j], lo[j], hi[j]);
-      }
-      for (int i = 0; i < MT; ++i) {
-        __m512 xl = _mm512_loadu_ps(x[i] + k), xh = _mm512_loadu_ps(x[i] + k + 16);
+    __m512 acc[MT * NT];
+    for (int a = 0; a < MT * NT; ++a) {
+      acc[a] = _mm512_setzero_ps();
+    }
+    GroupScales<NT, ST> scales;
+    for (int g0 = 0; g0 < groups; g0 += 16) {
+      scales.at_group(p, n0, groups, g0);
+      const int g_end = std::min(groups, g0 + 16);
+      for (int g = g0; g < g_end; ++g) {
+        prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
+        __m512 s[NT], b[NT], table[NT];
         for (int j = 0; j < NT; ++j) {
-          acc[i][j] = _mm512_fmadd_ps(lo[j], xl, acc[i][j]);
-          acc[i][j] = _mm512_fmadd_ps(hi[j], xh, acc[i][j]);
+          s[j] = scales.s(j, g);
+          b[j] = scales.b(j, g);
+          table[j] = group_table(s[j], b[j]);
+        }
+        for (int k = g * gs; k < (g + 1) * gs; k += 32) {
+          __m512 lo[NT], hi[NT];
+          for (int j = 0; j < NT; ++j) {
+            dequantize<BITS>(w[j], k, s[j], b[j], table[j], lo[j], hi[j]);
+          }
+          for (int i = 0; i < MT; ++i) {
+            __m512 xl = _mm512_loadu_ps(x + i * K + k);
+            __m512 xh = _mm512_loadu_ps(x + i * K + k + 16);
+            in_register(xl);
+            in_register(xh);
+            for (int j = 0; j < NT; ++j) {
+              acc[i * NT + j] = _mm512_fmadd_ps(lo[j], xl, acc[i * NT + j]);
+              acc[i * NT + j] = _mm512_fmadd_ps(hi[j], xh, acc[i * NT + j]);
+            }
+          }
         }
       }
     }
-  }
-  for (int i = 0; i < MT; ++i) {
-    for (int j = 0; j < NT; ++j) {
-      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]);
+    alignas(64) float sums[16];
+    store_sums(acc, sums);
+    for (int i = 0; i < MT; ++i) {
+      for (int j = 0; j < NT; ++j) {
+        p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = sums[i * NT + j];
+      }
     }
   }
 }
 
-// Every activation row for output rows [n, n + NT): 8 rows a tile, then 4, 2, 1.
-template <int BITS, int NT, ScaleType ST>
-void rows_at(const QmmProblem& p, const Prepared& xp, int n) {
-  int m = 0;
-  for (; m + 8 <= p.M; m += 8) {
-    tile_rows<BITS, 8, NT, ST>(p, xp, m, n);
-  }
-  if (p.M - m >= 4) {
-    tile_rows<BITS, 4, NT, ST>(p, xp, m, n);
-    m += 4;
-  }
-  if (p.M - m >= 2) {
-    tile_rows<BITS, 2, NT, ST>(p, xp, m, n);
-    m += 2;
-  }
-  if (p.M - m >= 1) {
-    tile_rows<BITS, 1, NT, ST>(p, xp, m, n);
+// Output rows [n_begin, n_end) for activation rows [m, m + MT), two output rows a tile.
+template <int BITS, int MT, ScaleType ST>
+void rows_of_tile(const QmmProblem& p, const Prepared& xp, int m, int n_begin, int n_end) {
+  const int pairs_end = n_begin + (n_end - n_begin) / 2 * 2;
+  tile_rows<BITS, MT, 2, ST>(p, xp, m, n_begin, pairs_end);
+  if (pairs_end < n_end) {
+    tile_rows<BITS, MT, 1, ST>(p, xp, m, pairs_end, n_end);
   }
 }
 
@@ -268,11 +293,25 @@ void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end)
     }
     return;
   }
-  for (; n + 2 <= n_end; n += 2) {
-    rows_at<BITS, 2, ST>(p, xp, n);
+  // 8 activation rows at a time across every output row, then 4, 2, 1: a tile's
+  // activations (8 rows of K floats) stay in L1 while the weights stream past them.
+  // Output rows outermost re-read every activation row for each pair of output rows,
+  // from L2 once they outgrew L1 (16 rows of 576 floats and more): the tile then waited
+  // on L2 for a third of its time.
+  int m = 0;
+  for (; m + 8 <= p.M; m += 8) {
+    rows_of_tile<BITS, 8, ST>(p, xp, m, n_begin, n_end);
   }
-  if (n < n_end) {
-    rows_at<BITS, 1, ST>(p, xp, n);
+  if (p.M - m >= 4) {
+    rows_of_tile<BITS, 4, ST>(p, xp, m, n_begin, n_end);
+    m += 4;
+  }
+  if (p.M - m >= 2) {
+    rows_of_tile<BITS, 2, ST>(p, xp, m, n_begin, n_end);
+    m += 2;
+  }
+  if (p.M - m >= 1) {
+    rows_of_tile<BITS, 1, ST>(p, xp, m, n_begin, n_end);
   }
 }
 

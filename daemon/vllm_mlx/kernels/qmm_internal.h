@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -12,12 +13,32 @@
 
 namespace vllm_mlx_kernels {
 
+// Storage aligned to a cache line: the tiles read activations 64 bytes at a time, and an
+// AVX-512 load that straddles two lines costs two of the core's load slots.
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* at, size_t) {
+    ::operator delete(at, std::align_val_t{64});
+  }
+  template <class U>
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
+};
+
 // The activations the kernels read: x reordered to match how weights unpack (4-bit
 // kernels unpack a chunk of 2 * `block` weights as the low nibbles, then the high ones;
 // block 8 for AVX2 and NEON, 16 for AVX-512, 0: natural order), and x's sum over each group (the
 // bias term is b[n, g] * sum of x over group g).
 struct Prepared {
-  std::vector<float> x;
+  std::vector<float, CacheLineAllocator<float>> x;
   std::vector<float> sums;
 };
 
