@@ -131,61 +131,6 @@ const uint8_t* row_of(const QmmProblem& p, int n) {
   return reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(n) * p.K * BITS / 8;
 }
 
-// One activation row x NT output rows, with exactly tile_rows' arithmetic per output
-// (dequantize s * q + b, then one FMA chain over k, reduced once): a row gets the same
-// bits alone or in a batch, so a sequence decoded alone, beside others, or re-fed after
-// a prefix-cache hit sees identical logits and seeded sampling reproduces. NT 8 keeps 8
-// independent FMA chains in flight.
-template <int BITS, int NT, ScaleType ST>
-AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n0) {
-  const int gs = p.group_size;
-  const int groups = p.K / gs;
-  const uint8_t* w[NT];
-  __m512 acc[NT];
-  for (int j = 0; j < NT; ++j) {
-    w[j] = row_of<BITS>(p, n0 + j);
-    acc[j] = _mm512_setzero_ps();
-  }
-  const float* x = xp.x.data();
-  const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
-  const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
-  GroupScales<NT, ST> scales;
-  // The next tile's scales and biases into L2: once GroupScales converted them 16 at a
-  // time, the waits on their cache misses were an eighth of this tile's samples (one row: 9.40 -> 9.11 ms a
-  // step, medians of 8 alternating runs; docs/benchmarks.md, round 19).
-  if (ahead > 0 && n0 + 2 * NT <= p.N) {
-    const size_t esize = ST == ScaleType::f32 ? 4 : 2;
-    const size_t from = static_cast<size_t>(n0 + NT) * groups * esize;
-    const size_t bytes = static_cast<size_t>(NT) * groups * esize;
-    for (size_t at = 0; at < bytes; at += 64) {
-      __builtin_prefetch(static_cast<const char*>(p.scales) + from + at, 0, 2);
-      __builtin_prefetch(static_cast<const char*>(p.biases) + from + at, 0, 2);
-    }
-  }
-  for (int g = 0; g < groups; ++g) {
-    prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
-    scales.at_group(p, n0, groups, g);
-    __m512 s[NT], b[NT], table[NT];
-    for (int j = 0; j < NT; ++j) {
-      s[j] = scales.s(j, g);
-      b[j] = scales.b(j, g);
-      table[j] = group_table(s[j], b[j]);
-    }
-    for (int k = g * gs; k < (g + 1) * gs; k += 32) {
-      __m512 xl = _mm512_loadu_ps(x + k), xh = _mm512_loadu_ps(x + k + 16);
-      for (int j = 0; j < NT; ++j) {
-        __m512 lo, hi;
-        dequantize<BITS>(w[j], k, s[j], b[j], table[j], lo, hi);
-        acc[j] = _mm512_fmadd_ps(lo, xl, acc[j]);
-        acc[j] = _mm512_fmadd_ps(hi, xh, acc[j]);
-      }
-    }
-  }
-  for (int j = 0; j < NT; ++j) {
-    p.y[n0 + j] = _mm512_reduce_add_ps(acc[j]);
-  }
-}
-
 // Keeps v in a register: the compiler would otherwise fold each use of a loaded x into
 // its FMA as a memory operand, loading it once per output row (NT times), and the
 // tile's loads then rival its FMAs for the core's two 512-bit load ports.
@@ -202,6 +147,65 @@ AVX512 inline void store_sums(const __m512 (&acc)[COUNT], float* out) {
     all[i] = i < COUNT ? acc[i] : _mm512_setzero_ps();
   }
   _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << COUNT) - 1), reduce_add16(all));
+}
+
+// One activation row x output rows [n_begin, n_end), NT at a time, with exactly
+// tile_rows' arithmetic per output (dequantize s * q + b, then one FMA chain over k,
+// reduced once): a row gets the same bits alone or in a batch, so a sequence decoded
+// alone, beside others, or re-fed after a prefix-cache hit sees identical logits and
+// seeded sampling reproduces. NT 8 keeps 8 independent FMA chains in flight.
+template <int BITS, int NT, ScaleType ST>
+AVX512 void tile_decode(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  const int gs = p.group_size;
+  const int groups = p.K / gs;
+  const float* x = xp.x.data();
+  const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
+  const long ahead = g_prefetch_distance.load(std::memory_order_relaxed);
+  const size_t esize = ST == ScaleType::f32 ? 4 : 2;
+  for (int n0 = n_begin; n0 < n_end; n0 += NT) {
+    const uint8_t* w[NT];
+    __m512 acc[NT];
+    for (int j = 0; j < NT; ++j) {
+      w[j] = row_of<BITS>(p, n0 + j);
+      acc[j] = _mm512_setzero_ps();
+    }
+    GroupScales<NT, ST> scales;
+    // The next tile's scales and biases into L2: once GroupScales converted them 16 at a
+    // time, the waits on their cache misses were an eighth of this tile's samples (one
+    // row: 9.40 -> 9.11 ms a step, medians of 8 alternating runs; docs/benchmarks.md,
+    // round 19).
+    if (ahead > 0 && n0 + 2 * NT <= p.N) {
+      const size_t from = static_cast<size_t>(n0 + NT) * groups * esize;
+      const size_t bytes = static_cast<size_t>(NT) * groups * esize;
+      for (size_t at = 0; at < bytes; at += 64) {
+        __builtin_prefetch(static_cast<const char*>(p.scales) + from + at, 0, 2);
+        __builtin_prefetch(static_cast<const char*>(p.biases) + from + at, 0, 2);
+      }
+    }
+    for (int g0 = 0; g0 < groups; g0 += 16) {
+      scales.at_group(p, n0, groups, g0);
+      const int g_end = std::min(groups, g0 + 16);
+      for (int g = g0; g < g_end; ++g) {
+        prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
+        __m512 s[NT], b[NT], table[NT];
+        for (int j = 0; j < NT; ++j) {
+          s[j] = scales.s(j, g);
+          b[j] = scales.b(j, g);
+          table[j] = group_table(s[j], b[j]);
+        }
+        for (int k = g * gs; k < (g + 1) * gs; k += 32) {
+          __m512 xl = _mm512_loadu_ps(x + k), xh = _mm512_loadu_ps(x + k + 16);
+          for (int j = 0; j < NT; ++j) {
+            __m512 lo, hi;
+            dequantize<BITS>(w[j], k, s[j], b[j], table[j], lo, hi);
+            acc[j] = _mm512_fmadd_ps(lo, xl, acc[j]);
+            acc[j] = _mm512_fmadd_ps(hi, xh, acc[j]);
+          }
+        }
+      }
+    }
+    store_sums(acc, p.y + n0);
+  }
 }
 
 // Activation rows [m0, m0 + MT) x output rows [n_begin, n_end), NT output rows at a time
@@ -285,12 +289,9 @@ template <int BITS, ScaleType ST>
 void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
   int n = n_begin;
   if (p.M == 1) {
-    for (; n + kDecodeRows <= n_end; n += kDecodeRows) {
-      tile_decode<BITS, kDecodeRows, ST>(p, xp, n);
-    }
-    for (; n < n_end; ++n) {
-      tile_decode<BITS, 1, ST>(p, xp, n);
-    }
+    const int tiles_end = n + (n_end - n) / kDecodeRows * kDecodeRows;
+    tile_decode<BITS, kDecodeRows, ST>(p, xp, n, tiles_end);
+    tile_decode<BITS, 1, ST>(p, xp, tiles_end, n_end);
     return;
   }
   // 8 activation rows at a time across every output row, then 4, 2, 1: a tile's

@@ -47,8 +47,10 @@ struct Prepared {
 // it, with each vpdpbusd lane's activation scale, and the rounded activations' sum over
 // each weight group (for the bias term).
 struct PreparedInt8 {
-  std::vector<int8_t> q; // [M, chunks, chunk_bytes]; 4 bits: 64 even then 64 odd values
-  std::vector<float> dx; // [M, chunks, 16]: the scale of lane L's activations (0 past K)
+  // [M, chunks, chunk_bytes]; 4 bits: 64 even then 64 odd values
+  std::vector<int8_t, CacheLineAllocator<int8_t>> q;
+  // [M, chunks, 16]: the scale of lane L's activations (0 past K)
+  std::vector<float, CacheLineAllocator<float>> dx;
   std::vector<float> sums; // [M, K / group_size]: sum of dx * q over the group
   int chunks = 0;
   int chunk_bytes = 0; // 128 at 4 bits, 64 at 8
