@@ -27,6 +27,10 @@ namespace {
 // ms per bundled-model decode step with 4; bench/qmm_layers.py).
 constexpr int kDecodeRows = 8;
 
+// The weights the multi-row tiles sweep per pass of activation rows: within L2 on every
+// AVX-512 core (1-2 MiB), so passes after the first read them from there, not memory.
+constexpr size_t kWeightBlockBytes = 256 * 1024;
+
 // Scales (or biases) at..at+count-1 (count <= 16) as float32 into dst, 64-byte aligned.
 // Each conversion is exact, so 16 at a time give the same floats as one at a time.
 template <ScaleType ST>
@@ -294,25 +298,31 @@ void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end)
     tile_decode<BITS, 1, ST>(p, xp, tiles_end, n_end);
     return;
   }
-  // 8 activation rows at a time across every output row, then 4, 2, 1: a tile's
-  // activations (8 rows of K floats) stay in L1 while the weights stream past them.
-  // Output rows outermost re-read every activation row for each pair of output rows,
-  // from L2 once they outgrew L1 (16 rows of 576 floats and more): the tile then waited
-  // on L2 for a third of its time.
-  int m = 0;
-  for (; m + 8 <= p.M; m += 8) {
-    rows_of_tile<BITS, 8, ST>(p, xp, m, n_begin, n_end);
-  }
-  if (p.M - m >= 4) {
-    rows_of_tile<BITS, 4, ST>(p, xp, m, n_begin, n_end);
-    m += 4;
-  }
-  if (p.M - m >= 2) {
-    rows_of_tile<BITS, 2, ST>(p, xp, m, n_begin, n_end);
-    m += 2;
-  }
-  if (p.M - m >= 1) {
-    rows_of_tile<BITS, 1, ST>(p, xp, m, n_begin, n_end);
+  // Output rows in blocks whose weights fit in L2, and within a block 8 activation rows
+  // at a time across every output row, then 4, 2, 1: a tile's activations (8 rows of K
+  // floats) stay in L1 while the block's weights stream past them, from L2 after the
+  // first 8 rows. Output rows outermost re-read every activation row for each pair of
+  // output rows, from L2 once they outgrew L1 (16 rows of 576 floats and more): the tile
+  // then waited on L2 for a third of its time.
+  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
+  const int block = std::max<int>(2, static_cast<int>(kWeightBlockBytes / row_bytes) & ~1);
+  for (int nb = n_begin; nb < n_end; nb += block) {
+    const int ne = std::min(n_end, nb + block);
+    int m = 0;
+    for (; m + 8 <= p.M; m += 8) {
+      rows_of_tile<BITS, 8, ST>(p, xp, m, nb, ne);
+    }
+    if (p.M - m >= 4) {
+      rows_of_tile<BITS, 4, ST>(p, xp, m, nb, ne);
+      m += 4;
+    }
+    if (p.M - m >= 2) {
+      rows_of_tile<BITS, 2, ST>(p, xp, m, nb, ne);
+      m += 2;
+    }
+    if (p.M - m >= 1) {
+      rows_of_tile<BITS, 1, ST>(p, xp, m, nb, ne);
+    }
   }
 }
 
