@@ -122,6 +122,27 @@ def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, isa: str, threa
 @needs_kernel
 @pytest.mark.parametrize("isa", isas())
 @pytest.mark.parametrize("bits", [4, 8])
+def test_output_rows_over_several_weight_blocks_keep_the_bits(
+    bits: int, isa: str, threads: None
+) -> None:
+    """On one thread a call sweeps all 301 output rows: several of the multi-row tiles'
+    256 KiB weight blocks at 4096 inputs, the last one odd. Each row matches itself alone."""
+    ext = qmm.extension()
+    ext.set_isa(isa)
+    ext.set_threads(1)
+    w = mx.random.normal((301, 4096), key=mx.random.key(13))
+    wq, scales, biases = mx.quantize(w, group_size=64, bits=bits)
+    scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
+    x = mx.random.normal((13, 4096), key=mx.random.key(14))
+    batch = ext.quantized_matmul(x, wq, scales, biases, 64, bits)
+    for row in range(13):
+        alone = ext.quantized_matmul(x[row : row + 1], wq, scales, biases, 64, bits)
+        assert mx.array_equal(alone[0], batch[row]).item(), row
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("bits", [4, 8])
 def test_prefetching_ahead_never_changes_the_bits(bits: int, isa: str, threads: None) -> None:
     """The tiles prefetch their weights a distance ahead, past the array's end for the
     last tiles: any distance (off, a line, far past the end) gives the same product, for
