@@ -112,11 +112,13 @@ def test_a_row_gets_the_same_bits_alone_or_in_a_batch(bits: int, isa: str, threa
         w = mx.random.normal((37, k), key=mx.random.key(11))
         wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
         scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
-        x = mx.random.normal((13, k), key=mx.random.key(12))  # tiles of 8, 4 and 1 rows
-        batch = ext.quantized_matmul(x, wq, scales, biases, group_size, bits)
-        for row in range(13):
-            alone = ext.quantized_matmul(x[row : row + 1], wq, scales, biases, group_size, bits)
-            assert mx.array_equal(alone[0], batch[row]).item(), (k, row)
+        x = mx.random.normal((16, k), key=mx.random.key(12))
+        alone = [ext.quantized_matmul(x[r : r + 1], wq, scales, biases, group_size, bits)[0]
+                 for r in range(16)]  # fmt: skip
+        for rows in range(2, 17):  # tiles of 8 rows and of every remainder, 1 to 7
+            batch = ext.quantized_matmul(x[:rows], wq, scales, biases, group_size, bits)
+            for row in range(rows):
+                assert mx.array_equal(alone[row], batch[row]).item(), (k, rows, row)
 
 
 @needs_kernel

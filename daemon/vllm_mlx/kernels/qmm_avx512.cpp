@@ -299,7 +299,7 @@ void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end)
     return;
   }
   // Output rows in blocks whose weights fit in L2, and within a block 8 activation rows
-  // at a time across every output row, then 4, 2, 1: a tile's activations (8 rows of K
+  // at a time across every output row, then the rest: a tile's activations (8 rows of K
   // floats) stay in L1 while the block's weights stream past them, from L2 after the
   // first 8 rows. Output rows outermost re-read every activation row for each pair of
   // output rows, from L2 once they outgrew L1 (16 rows of 576 floats and more): the tile
@@ -312,16 +312,17 @@ void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end)
     for (; m + 8 <= p.M; m += 8) {
       rows_of_tile<BITS, 8, ST>(p, xp, m, nb, ne);
     }
-    if (p.M - m >= 4) {
-      rows_of_tile<BITS, 4, ST>(p, xp, m, nb, ne);
-      m += 4;
-    }
-    if (p.M - m >= 2) {
-      rows_of_tile<BITS, 2, ST>(p, xp, m, nb, ne);
-      m += 2;
-    }
-    if (p.M - m >= 1) {
-      rows_of_tile<BITS, 1, ST>(p, xp, m, nb, ne);
+    // The last 1-7 rows in one tile: each weight is unpacked once for all of them (as
+    // 4 + 2 + 1 tiles, 7 rows unpacked it three times: 24 of a step's 52 instructions).
+    switch (p.M - m) {
+      case 7: rows_of_tile<BITS, 7, ST>(p, xp, m, nb, ne); break;
+      case 6: rows_of_tile<BITS, 6, ST>(p, xp, m, nb, ne); break;
+      case 5: rows_of_tile<BITS, 5, ST>(p, xp, m, nb, ne); break;
+      case 4: rows_of_tile<BITS, 4, ST>(p, xp, m, nb, ne); break;
+      case 3: rows_of_tile<BITS, 3, ST>(p, xp, m, nb, ne); break;
+      case 2: rows_of_tile<BITS, 2, ST>(p, xp, m, nb, ne); break;
+      case 1: rows_of_tile<BITS, 1, ST>(p, xp, m, nb, ne); break;
+      default: break;
     }
   }
 }
