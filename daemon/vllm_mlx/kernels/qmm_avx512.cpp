@@ -7,8 +7,10 @@
 // the same bits alone or in a batch (batch invariance; tests/unit/test_qmm_kernel.py).
 // Decode (one activation row): 8 output rows at a time. Several rows (batched decode,
 // short prefill): a chunk of weights for 2 output rows is unpacked and dequantized once,
-// then FMA'd into 8 activation rows: 16 accumulators stay in the 32 vector registers, and
-// unpacking is paid once per 8 rows instead of once per 4 (AVX2).
+// then FMA'd into 8 activation rows (or a batch's last 1-7 in one tile): 16 accumulators
+// stay in the 32 vector registers, and unpacking is paid once per 8 rows instead of once
+// per 4 (AVX2). How fast that runs against this core's two FMA units, and what it lost
+// before: docs/benchmarks.md, round 23 (bench/qmm_tile.cpp measures a product alone).
 #include "lanes_avx512.h"
 #include "qmm_internal.h"
 
