@@ -2,16 +2,16 @@
 // them at run time when isa() is "avx512"): scores 16 keys at a time, P.V up to 4 vectors
 // of V per pass.
 #include "attn_decode_internal.h"
-#include "lanes_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+#include "lanes_avx512.h"
+
 namespace vllm_mlx_kernels::decode {
 
 namespace {
-
-#define AVX512 __attribute__((target("avx512f,avx2,fma")))
 
 AVX512 inline __mmask16 mask16(int n) { // the first min(max(n, 0), 16) lanes
   return n >= 16 ? static_cast<__mmask16>(0xffff)

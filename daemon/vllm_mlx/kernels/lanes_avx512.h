@@ -7,12 +7,19 @@
 
 namespace vllm_mlx_kernels {
 
-#define VLLM_MLX_LANES_AVX512 __attribute__((target("avx512f,avx2")))
+// Internal to each includer: its AVX512 macro may name more features than another's.
+namespace {
+
+// The includer's AVX-512 target attribute (every target attribute of the kernels is a
+// macro of a set the dispatch checks: tests/unit/test_isa_dispatch.py).
+#ifndef AVX512
+#error "define AVX512 (the file's AVX-512 target attribute) before including lanes_avx512.h"
+#endif
 
 // _mm512_reduce_add_ps's tree (GCC's and LLVM's), spelled out so that the batched form
 // below provably adds the same pairs: the two 8-lane halves, then the two 4-lane halves,
 // then lanes 0 + 2 and 1 + 3, then those two.
-VLLM_MLX_LANES_AVX512 inline float reduce_add(__m512 a) {
+AVX512 inline float reduce_add(__m512 a) {
   __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
   __m256 h8 = _mm256_add_ps(hi, _mm512_castps512_ps256(a));
   __m128 h4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));
@@ -24,7 +31,7 @@ VLLM_MLX_LANES_AVX512 inline float reduce_add(__m512 a) {
 // same pairs as reduce_add's, two vectors' halves packed into one register, so the 16
 // reductions share 46 instructions instead of ~8 each (a score's sum was the costliest
 // part of a decode step's attention at a 4k context: docs/benchmarks.md, round 21).
-VLLM_MLX_LANES_AVX512 inline __m512 reduce_add16(const __m512 a[16]) {
+AVX512 inline __m512 reduce_add16(const __m512 a[16]) {
   __m512 b[8], c[4], d[2];
   for (int i = 0; i < 8; ++i) { // lanes 0-7: a[i]'s 8 + 8 halves; 8-15: a[i + 8]'s
     b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], _MM_SHUFFLE(1, 0, 1, 0)),
@@ -46,7 +53,7 @@ VLLM_MLX_LANES_AVX512 inline __m512 reduce_add16(const __m512 a[16]) {
   return _mm512_permutexvar_ps(order, e);
 }
 
-#undef VLLM_MLX_LANES_AVX512
+} // namespace
 
 } // namespace vllm_mlx_kernels
 

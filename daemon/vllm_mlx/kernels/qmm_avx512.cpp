@@ -11,7 +11,6 @@
 // stay in the 32 vector registers, and unpacking is paid once per 8 rows instead of once
 // per 4 (AVX2). How fast that runs against this core's two FMA units, and what it lost
 // before: docs/benchmarks.md, round 23 (bench/qmm_tile.cpp measures a product alone).
-#include "lanes_avx512.h"
 #include "qmm_internal.h"
 
 #if defined(__x86_64__)
@@ -19,11 +18,12 @@
 
 #include <algorithm>
 
+#define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#include "lanes_avx512.h"
+
 namespace vllm_mlx_kernels {
 
 namespace {
-
-#define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 // Output rows per decode tile: 8 independent FMA chains (measured: 10.8 ms against 12.8
 // ms per bundled-model decode step with 4; bench/qmm_layers.py).
