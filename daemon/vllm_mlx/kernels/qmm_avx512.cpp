@@ -148,6 +148,7 @@ AVX512 inline void in_register(__m512& v) {
 // (reduce_add16 adds the same pairs, 16 at a time: a sixth of the instructions).
 template <int COUNT>
 AVX512 inline void store_sums(const __m512 (&acc)[COUNT], float* out) {
+  static_assert(COUNT >= 1 && COUNT <= 16, "a tile keeps at most 16 accumulators");
   __m512 all[16];
   for (int i = 0; i < 16; ++i) {
     all[i] = i < COUNT ? acc[i] : _mm512_setzero_ps();
