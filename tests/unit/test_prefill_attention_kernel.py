@@ -68,6 +68,14 @@ SHAPES = [  # (B, Hq, Hkv, M queries, L keys): GQA 3 (the bundled model's 9/3) a
     (2, 4, 4, 33, 65),  # MHA, batch 2, key count past a block
     (1, 3, 1, 130, 1030),
     (3, 6, 2, 129, 129),
+    # Short chunks (fewer queries than the 64 lanes): query heads packed into the lanes,
+    # keys past 2,048 split into ranges of 1,024 folded at the end.
+    (1, 9, 3, 4, 2100),  # a paced chunk after 2k: 3 heads x 4 rows in 16 lanes, 2 ranges
+    (2, 9, 3, 8, 3100),  # batch 2, 3 ranges; the padded row skips whole ranges
+    (1, 9, 3, 21, 1100),  # 63 lanes
+    (1, 9, 3, 32, 2048),  # 2 heads packed, then 1
+    (1, 8, 1, 5, 1030),  # 8 heads x 5 rows: 40 lanes
+    (1, 12, 2, 40, 70),  # 40 rows a head: one head a group, 48 lanes
 ]
 
 
@@ -76,7 +84,7 @@ def test_matches_mlx_causal_masked_and_unmasked(
     isa: str, threaded: None, b: int, hq: int, hkv: int, m: int, t: int
 ) -> None:
     q, k, v = qkv(b, hq, hkv, m, t, seed=m + t)
-    pads = [0, min(5, t), t // 2][:b]
+    pads = [0, min(5, t) if t < 3000 else 2500, t // 2][:b]
     for mask in ("causal", None, padded_mask(m, t, pads)):
         close(fused(q, k, v, 0.125, mask), reference(q, k, v, 0.125, mask))
 
@@ -152,6 +160,31 @@ def test_threads_and_batch_give_each_sequence_the_same_bits(isa: str, threaded: 
         assert same_bits(fused(*one, 0.125, mask[i : i + 1]), batch[i : i + 1]), i
         assert same_bits(fused(*one, 0.125, "causal"), causal[i : i + 1]), i
     assert same_bits(split, causal[:1])
+
+
+@pytest.mark.parametrize(("m", "t"), [(4, 2100), (8, 4200), (21, 1100), (32, 2200), (13, 700)])
+def test_a_short_chunks_rows_get_the_bits_they_get_alone(
+    isa: str, threaded: None, m: int, t: int
+) -> None:
+    """Packed lanes and split keys change no row's bits: each query head alone (no
+    neighbours in its lanes), each sequence alone in a batch, and one thread against two
+    give the same bits (the key ranges depend on the key count alone)."""
+    ext = qmm.extension()
+    q, k, v = qkv(2, 9, 3, m, t, seed=m)
+    mask = padded_mask(m, t, [0, t // 3])
+    batch = fused(q, k, v, 0.125, mask)
+    causal = fused(q, k, v, 0.125, "causal")
+    close(causal, reference(q, k, v, 0.125, "causal"))
+    for h in (0, 4, 8):
+        alone = fused(
+            q[:, h : h + 1], k[:, h // 3 : h // 3 + 1], v[:, h // 3 : h // 3 + 1], 0.125, "causal"
+        )
+        assert same_bits(alone, causal[:, h : h + 1]), h
+    ext.set_threads(1)
+    for i in range(2):
+        one = (q[i : i + 1], k[i : i + 1], v[i : i + 1])
+        assert same_bits(fused(*one, 0.125, mask[i : i + 1]), batch[i : i + 1]), i
+        assert same_bits(fused(*one, 0.125, "causal"), causal[i : i + 1]), i
 
 
 def test_inputs_not_contiguous_in_the_last_dimension_are_read_right(isa: str) -> None:

@@ -44,23 +44,26 @@ using namespace prefill;
 
 namespace {
 
+// Keys per range of a short chunk's split (sdpa_prefill): a multiple of kK.
+constexpr int kSplitKeys = 1024;
+
 // --- portable: plain loops over the kQ lanes, which the compiler vectorizes (NEON on
 // arm64, SSE2 on a baseline x86-64) without reordering any lane's sums.
 
-void qk_portable(const float* qt, int D, const float* k, int64_t kst, int nk, const float* bias,
-                 float* s) {
+void qk_portable(const float* qt, int W, int D, const float* k, int64_t kst, int nk,
+                 const float* bias, float* s) {
   for (int j = 0; j < nk; ++j) {
-    float* sj = s + j * kQ;
+    float* sj = s + j * W;
     if (bias != nullptr) {
-      std::copy(bias + j * kQ, bias + (j + 1) * kQ, sj);
+      std::copy(bias + j * W, bias + (j + 1) * W, sj);
     } else {
-      std::fill(sj, sj + kQ, 0.0f);
+      std::fill(sj, sj + W, 0.0f);
     }
     const float* kj = k + j * kst;
     for (int d = 0; d < D; ++d) {
       const float kd = kj[d];
-      const float* qd = qt + d * kQ;
-      for (int i = 0; i < kQ; ++i) {
+      const float* qd = qt + d * W;
+      for (int i = 0; i < W; ++i) {
         sj[i] += kd * qd[i];
       }
     }
@@ -69,57 +72,57 @@ void qk_portable(const float* qt, int D, const float* k, int64_t kst, int nk, co
 
 // The lane-wise steps around the exp, shared by every instruction set (they are a small
 // part of the work: one pass over the block's scores each).
-void online_portable(float* s, int nk, float* m, float* l, float* alpha) {
+void online_portable(float* s, int W, int nk, float* m, float* l, float* alpha) {
   float shift[kQ];
-  for (int i = 0; i < kQ; ++i) {
+  for (int i = 0; i < W; ++i) {
     shift[i] = m[i];
   }
   for (int j = 0; j < nk; ++j) {
-    for (int i = 0; i < kQ; ++i) {
-      shift[i] = std::max(shift[i], s[j * kQ + i]);
+    for (int i = 0; i < W; ++i) {
+      shift[i] = std::max(shift[i], s[j * W + i]);
     }
   }
-  for (int i = 0; i < kQ; ++i) {
+  for (int i = 0; i < W; ++i) {
     float top = shift[i];
     shift[i] = top == kNegInf ? 0.0f : top; // nothing seen yet: p = exp(-inf) = 0
     alpha[i] = m[i] - shift[i];
     m[i] = top;
   }
   for (int j = 0; j < nk; ++j) {
-    for (int i = 0; i < kQ; ++i) {
-      s[j * kQ + i] -= shift[i];
+    for (int i = 0; i < W; ++i) {
+      s[j * W + i] -= shift[i];
     }
   }
-  exp_inplace(s, static_cast<size_t>(nk) * kQ);
-  exp_inplace(alpha, kQ);
+  exp_inplace(s, static_cast<size_t>(nk) * W);
+  exp_inplace(alpha, W);
   float sum[kQ] = {};
   for (int j = 0; j < nk; ++j) {
-    for (int i = 0; i < kQ; ++i) {
-      sum[i] += s[j * kQ + i];
+    for (int i = 0; i < W; ++i) {
+      sum[i] += s[j * W + i];
     }
   }
-  for (int i = 0; i < kQ; ++i) {
+  for (int i = 0; i < W; ++i) {
     l[i] = l[i] * alpha[i] + sum[i];
   }
 }
 
-void pv_portable(const float* p, int nk, const float* v, int64_t vst, int Dv,
+void pv_portable(const float* p, int W, int nk, const float* v, int64_t vst, int Dv,
                  const float* alpha, float* ot, float* acc) {
-  std::fill(acc, acc + static_cast<size_t>(Dv) * kQ, 0.0f);
+  std::fill(acc, acc + static_cast<size_t>(Dv) * W, 0.0f);
   for (int j = 0; j < nk; ++j) {
     const float* vj = v + j * vst;
-    const float* pj = p + j * kQ;
+    const float* pj = p + j * W;
     for (int c = 0; c < Dv; ++c) {
       const float vc = vj[c];
-      float* ac = acc + c * kQ;
-      for (int i = 0; i < kQ; ++i) {
+      float* ac = acc + c * W;
+      for (int i = 0; i < W; ++i) {
         ac[i] += vc * pj[i];
       }
     }
   }
   for (int c = 0; c < Dv; ++c) {
-    for (int i = 0; i < kQ; ++i) {
-      ot[c * kQ + i] = ot[c * kQ + i] * alpha[i] + acc[c * kQ + i];
+    for (int i = 0; i < W; ++i) {
+      ot[c * W + i] = ot[c * W + i] * alpha[i] + acc[c * W + i];
     }
   }
 }
@@ -146,7 +149,7 @@ inline int causal_limit(const PrefillProblem& p, int qpos) {
 }
 
 // Whether the block [kb, kb + nk) is seen by none, all or some of queries [q0, q0 + nq);
-// for some, bias (nk x kQ) gets 0 where seen and -inf where not (lanes past nq: 0).
+// for some, bias (nk x kQ) gets 0 where seen and -inf where not, for lanes i < nq.
 Block classify(const PrefillProblem& p, int b, int q0, int nq, int kb, int nk, float* bias) {
   const bool* rows = nullptr;
   if (p.mask != nullptr) {
@@ -177,9 +180,6 @@ Block classify(const PrefillProblem& p, int b, int q0, int nq, int kb, int nk, f
   if (!any_hidden) {
     return Block::all;
   }
-  for (int j = 0; j < nk; ++j) {
-    std::fill(bias + j * kQ + nq, bias + (j + 1) * kQ, 0.0f);
-  }
   for (int i = 0; i < nq; ++i) {
     int lim = p.causal ? std::clamp(causal_limit(p, q0 + i) - kb, 0, nk) : nk;
     const bool* row = rows == nullptr ? nullptr : rows + static_cast<int64_t>(i) * p.L;
@@ -191,64 +191,185 @@ Block classify(const PrefillProblem& p, int b, int q0, int nq, int kb, int nk, f
   return Block::bias;
 }
 
-struct Scratch {
-  std::vector<float> qt, ot, m, l, s, bias, alpha, acc;
+// A unit's query heads share its lanes `packed` at a time: lane g * nq + i is query
+// q0 + i of the group's g-th head. A short chunk (a paced prompt's few tokens beside
+// decoding streams) then fills the lanes with its heads' rows instead of padding: a
+// 4k-token cache's K and V are read once per KV head for the G x nq rows, and the work is
+// their W = 16 * ceil(packed * nq / 16) lanes, not 64 per head.
+struct Lanes {
+  int nq, packed;
+  int width(int heads) const { return (heads * nq + kLaneStep - 1) / kLaneStep * kLaneStep; }
 };
 
-// One unit: sequence b, queries [q0, q0 + kQ), the G query heads from the g0-th of KV
-// head kh's group (the whole group, or one head when there are few units to share out).
-void attend_block(const PrefillProblem& p, const Ops& op, int b, int kh, int g0, int G,
-                  int q0, Scratch& w) {
-  const int D = p.D, Dv = p.Dv;
-  const int h0 = kh * (p.Hq / p.Hkv) + g0; // the unit's first query head
-  const int nq = std::min(kQ, p.M - q0);
-  w.qt.assign(static_cast<size_t>(G) * D * kQ, 0.0f);
-  w.ot.assign(static_cast<size_t>(G) * Dv * kQ, 0.0f);
-  w.m.assign(static_cast<size_t>(G) * kQ, kNegInf);
-  w.l.assign(static_cast<size_t>(G) * kQ, 0.0f);
+// The bias of a group of `heads` heads (nk x W): each head's lanes get the queries' bias
+// (base: nk x kQ, lanes < nq), the padding lanes 0.
+void group_bias(const float* base, int nk, const Lanes& lanes, int heads, int W, float* bias) {
+  for (int j = 0; j < nk; ++j) {
+    float* row = bias + j * W;
+    for (int g = 0; g < heads; ++g) {
+      std::copy(base + j * kQ, base + j * kQ + lanes.nq, row + g * lanes.nq);
+    }
+    std::fill(row + heads * lanes.nq, row + W, 0.0f);
+  }
+}
+
+struct Scratch {
+  std::vector<float> qt, s, base, bias, alpha, acc;
+};
+
+// One unit: sequence b, queries [q0, q0 + nq), the G query heads from the g0-th of KV
+// head kh's group (the whole group, or one head when there are few units to share out),
+// `packed` heads to a group of lanes.
+struct Unit {
+  const PrefillProblem* p;
+  int b, kh, g0, G, q0, packed;
+
+  int h0() const { return kh * (p->Hq / p->Hkv) + g0; } // the unit's first query head
+  Lanes lanes() const { return Lanes{std::min(kQ, p->M - q0), packed}; }
+  int groups() const { return (G + packed - 1) / packed; }
+  int heads_of(int group) const { return std::min(packed, G - group * packed); }
+  // Causally, no query of the unit sees a key past its last query's limit.
+  int key_end() const {
+    const int last = q0 + lanes().nq - 1;
+    return p->causal ? std::clamp(causal_limit(*p, last), 0, p->L) : p->L;
+  }
+  // Floats of a unit's softmax state: per group, m and l (kQ each) and ot (Dv x kQ).
+  size_t state_floats() const { return static_cast<size_t>(groups()) * kQ * (p->Dv + 2); }
+};
+
+// The running softmax state of a unit's groups, in `state` (Unit::state_floats()).
+struct State {
+  float *m, *l, *ot;
+  State(const Unit& u, float* state)
+      : m(state), l(state + u.groups() * kQ), ot(state + 2 * u.groups() * kQ) {}
+};
+
+// Keys [kb_begin, kb_end) of the unit, from a fresh state (m = -inf, l = 0, ot = 0).
+void attend_keys(const Unit& u, const Ops& op, int kb_begin, int kb_end, float* state,
+                 Scratch& w) {
+  const PrefillProblem& p = *u.p;
+  const int D = p.D, Dv = p.Dv, groups = u.groups();
+  const Lanes lanes = u.lanes();
+  const int nq = lanes.nq;
+  State st(u, state);
+  std::fill(st.m, st.m + groups * kQ, kNegInf);
+  std::fill(st.l, st.l + groups * kQ, 0.0f);
+  std::fill(st.ot, st.ot + static_cast<size_t>(groups) * Dv * kQ, 0.0f);
+  w.qt.assign(static_cast<size_t>(groups) * D * kQ, 0.0f);
   w.s.resize(static_cast<size_t>(kK) * kQ);
+  w.base.resize(static_cast<size_t>(kK) * kQ);
   w.bias.resize(static_cast<size_t>(kK) * kQ);
   w.alpha.resize(kQ);
   w.acc.resize(static_cast<size_t>(Dv) * kQ);
-  for (int g = 0; g < G; ++g) {
-    const float* q = p.q + b * p.q_strides[0] + (h0 + g) * p.q_strides[1];
-    float* qt = w.qt.data() + static_cast<size_t>(g) * D * kQ;
+  for (int g = 0; g < u.G; ++g) {
+    const int group = g / u.packed, lane0 = g % u.packed * nq;
+    const int W = lanes.width(u.heads_of(group));
+    const float* q = p.q + u.b * p.q_strides[0] + (u.h0() + g) * p.q_strides[1];
+    float* qt = w.qt.data() + static_cast<size_t>(group) * D * kQ;
     for (int i = 0; i < nq; ++i) {
-      const float* qr = q + (q0 + i) * p.q_strides[2];
+      const float* qr = q + (u.q0 + i) * p.q_strides[2];
       for (int d = 0; d < D; ++d) {
-        qt[d * kQ + i] = qr[d] * p.scale;
+        qt[d * W + lane0 + i] = qr[d] * p.scale;
       }
     }
   }
-  const float* k = p.k + b * p.k_strides[0] + kh * p.k_strides[1];
-  const float* v = p.v + b * p.v_strides[0] + kh * p.v_strides[1];
+  const float* k = p.k + u.b * p.k_strides[0] + u.kh * p.k_strides[1];
+  const float* v = p.v + u.b * p.v_strides[0] + u.kh * p.v_strides[1];
   const int64_t kst = p.k_strides[2], vst = p.v_strides[2];
-  // Causally, no query of the unit sees a key past its last query's limit.
-  const int kend = p.causal ? std::clamp(causal_limit(p, q0 + nq - 1), 0, p.L) : p.L;
-  for (int kb = 0; kb < kend; kb += kK) {
-    const int nk = std::min(kK, kend - kb);
-    Block kind = classify(p, b, q0, nq, kb, nk, w.bias.data());
+  for (int kb = kb_begin; kb < kb_end; kb += kK) {
+    const int nk = std::min(kK, kb_end - kb);
+    Block kind = classify(p, u.b, u.q0, nq, kb, nk, w.base.data());
     if (kind == Block::skip) {
       continue;
     }
-    const float* bias = kind == Block::bias ? w.bias.data() : nullptr;
-    for (int g = 0; g < G; ++g) {
-      float* m = w.m.data() + g * kQ;
-      float* l = w.l.data() + g * kQ;
-      op.qk(w.qt.data() + static_cast<size_t>(g) * D * kQ, D, k + kb * kst, kst, nk, bias,
-            w.s.data());
-      op.online(w.s.data(), nk, m, l, w.alpha.data());
-      op.pv(w.s.data(), nk, v + kb * vst, vst, Dv, w.alpha.data(),
-            w.ot.data() + static_cast<size_t>(g) * Dv * kQ, w.acc.data());
+    for (int group = 0; group < groups; ++group) {
+      const int W = lanes.width(u.heads_of(group));
+      const float* bias = nullptr;
+      if (kind == Block::bias) {
+        group_bias(w.base.data(), nk, lanes, u.heads_of(group), W, w.bias.data());
+        bias = w.bias.data();
+      }
+      op.qk(w.qt.data() + static_cast<size_t>(group) * D * kQ, W, D, k + kb * kst, kst, nk,
+            bias, w.s.data());
+      op.online(w.s.data(), W, nk, st.m + group * kQ, st.l + group * kQ, w.alpha.data());
+      op.pv(w.s.data(), W, nk, v + kb * vst, vst, Dv, w.alpha.data(),
+            st.ot + static_cast<size_t>(group) * Dv * kQ, w.acc.data());
     }
   }
+}
+
+// Folds the states of a unit's key ranges (`parts` of them, state_floats() apart, in key
+// order) into the first: m the largest, l and ot each range's scaled by exp(m_part - m)
+// (MLX's exp) and summed in key order. A lane no range saw keeps m = -inf.
+void combine(const Unit& u, float* states, int parts) {
+  const int groups = u.groups(), Dv = u.p->Dv;
+  const size_t stride = u.state_floats();
+  State first(u, states);
+  float top[kQ];
+  std::vector<float> scale(static_cast<size_t>(parts) * kQ);
+  for (int group = 0; group < groups; ++group) {
+    const int W = u.lanes().width(u.heads_of(group));
+    std::fill(top, top + kQ, kNegInf);
+    for (int part = 0; part < parts; ++part) {
+      const float* mp = State(u, states + part * stride).m + group * kQ;
+      for (int i = 0; i < W; ++i) {
+        top[i] = std::max(top[i], mp[i]);
+      }
+    }
+    for (int part = 0; part < parts; ++part) {
+      const float* mp = State(u, states + part * stride).m + group * kQ;
+      float* sc = scale.data() + part * kQ;
+      for (int i = 0; i < W; ++i) { // a range that saw none of the lane's keys adds 0
+        sc[i] = mp[i] == kNegInf ? kNegInf : mp[i] - top[i];
+      }
+    }
+    exp_inplace(scale.data(), static_cast<size_t>(parts) * kQ);
+    std::copy(top, top + W, first.m + group * kQ);
+    float* l = first.l + group * kQ;
+    float* ot = first.ot + static_cast<size_t>(group) * Dv * kQ;
+    for (int i = 0; i < W; ++i) {
+      l[i] *= scale[i];
+    }
+    for (int c = 0; c < Dv; ++c) {
+      for (int i = 0; i < W; ++i) {
+        ot[c * W + i] *= scale[i];
+      }
+    }
+    for (int part = 1; part < parts; ++part) {
+      State sp(u, states + part * stride);
+      const float* sc = scale.data() + part * kQ;
+      const float* lp = sp.l + group * kQ;
+      const float* op = sp.ot + static_cast<size_t>(group) * Dv * kQ;
+      for (int i = 0; i < W; ++i) {
+        l[i] += lp[i] * sc[i];
+      }
+      for (int c = 0; c < Dv; ++c) {
+        for (int i = 0; i < W; ++i) {
+          ot[c * W + i] += op[c * W + i] * sc[i];
+        }
+      }
+    }
+  }
+}
+
+// The unit's output rows from its final state.
+void finish(const Unit& u, const float* state) {
+  const PrefillProblem& p = *u.p;
+  const int Dv = p.Dv;
+  const Lanes lanes = u.lanes();
+  const int nq = lanes.nq;
+  State st(u, const_cast<float*>(state));
+  const float* v = p.v + u.b * p.v_strides[0] + u.kh * p.v_strides[1];
+  const int64_t vst = p.v_strides[2];
   // A query that saw no key: MLX's uniform softmax over every key, the mean of V.
   std::vector<float> mean;
-  for (int g = 0; g < G; ++g) {
-    const float* m = w.m.data() + g * kQ;
-    const float* l = w.l.data() + g * kQ;
-    const float* ot = w.ot.data() + static_cast<size_t>(g) * Dv * kQ;
-    float* out = p.out + ((static_cast<int64_t>(b) * p.Hq + h0 + g) * p.M + q0) * Dv;
+  for (int g = 0; g < u.G; ++g) {
+    const int group = g / u.packed, lane0 = g % u.packed * nq;
+    const int W = lanes.width(u.heads_of(group));
+    const float* m = st.m + group * kQ + lane0;
+    const float* l = st.l + group * kQ + lane0;
+    const float* ot = st.ot + static_cast<size_t>(group) * Dv * kQ + lane0;
+    float* out = p.out + ((static_cast<int64_t>(u.b) * p.Hq + u.h0() + g) * p.M + u.q0) * Dv;
     for (int i = 0; i < nq; ++i) {
       float* o = out + static_cast<int64_t>(i) * Dv;
       if (m[i] == kNegInf) {
@@ -266,7 +387,7 @@ void attend_block(const PrefillProblem& p, const Ops& op, int b, int kh, int g0,
       }
       const float inv = 1.0f / l[i];
       for (int c = 0; c < Dv; ++c) {
-        o[c] = ot[c * kQ + i] * inv;
+        o[c] = ot[c * W + i] * inv;
       }
     }
   }
@@ -282,28 +403,80 @@ void sdpa_prefill(const PrefillProblem& p) {
   // its threshold, the 1 << 22 this was measured with).
   long work = static_cast<long>(p.B) * p.Hq * p.M * p.L * (p.D + p.Dv);
   int n_threads = work < 2 * parallel_min() ? 1 : threads();
-  // A unit holds a KV head's G query heads, which share its K and V reads; with fewer
-  // units than ~4 a thread (one short sequence: 3 units for the bundled model), each
-  // query head is a unit instead, so that the threads' shares come out even.
-  const int heads = n_threads > 1 && p.B * p.Hkv * blocks < 4 * n_threads ? 1 : G;
+  // A unit holds a KV head's G query heads, which share its K and V reads. A short chunk
+  // (fewer queries than lanes) packs them into its lanes and splits its keys into ranges
+  // (below). Otherwise, with fewer units than ~4 a thread (one sequence's 512-token
+  // chunk: 3 units for the bundled model), each query head is a unit instead, so that
+  // the threads' shares come out even.
+  const bool short_chunk = p.M < kQ;
+  const int heads =
+      !short_chunk && n_threads > 1 && p.B * p.Hkv * blocks < 4 * n_threads ? 1 : G;
   const int per_block = p.B * p.Hq / heads;
+  // Heads whose rows share a unit's lanes: as many as fit when a block has fewer queries
+  // than lanes (one block of M queries), else one.
+  const int packed = std::clamp(kQ / std::min(kQ, p.M), 1, heads);
   const int units = blocks * per_block;
   // Unit u: the query blocks from the last down, so that causally the longest go first
   // and a thread that finishes early picks up the short ones.
-  auto run = [&](int u) {
-    thread_local Scratch scratch; // the thread's own (a worker names its own copy)
+  auto unit_of = [&](int u) {
     int block = blocks - 1 - u / per_block, rest = u % per_block;
     int b = rest / (p.Hq / heads), h = rest % (p.Hq / heads) * heads; // first query head
-    attend_block(p, op, b, h / G, h % G, heads, block * kQ, scratch);
+    return Unit{&p, b, h / G, h % G, heads, block * kQ, packed};
   };
-  n_threads = std::min(n_threads, units);
+  // A short chunk's units are few (one per KV head a sequence: 3 for the bundled model's
+  // one sequence, on 2 threads one waits a third of the time) and long (every earlier
+  // key): their keys go in ranges of kSplitKeys (the last one up to twice that), each
+  // range's softmax state kept apart
+  // and folded in key order at the end (flash-decoding). The ranges depend on the key
+  // count alone, never on the threads, so the bits do not either.
+  const int key_end = unit_of(0).key_end();
+  const int parts = short_chunk ? std::max(1, key_end / kSplitKeys) : 1; // the last is longer
+  if (parts == 1) {
+    auto run = [&](int u) {
+      thread_local Scratch scratch; // the thread's own (a worker names its own copy)
+      thread_local std::vector<float> state;
+      const Unit unit = unit_of(u);
+      state.resize(unit.state_floats());
+      attend_keys(unit, op, 0, unit.key_end(), state.data(), scratch);
+      finish(unit, state.data());
+    };
+    n_threads = std::min(n_threads, units);
+    if (n_threads <= 1) {
+      for (int u = 0; u < units; ++u) {
+        run(u);
+      }
+      return;
+    }
+    shared_pool().run(n_threads, units, run);
+    return;
+  }
+  // One query block: every unit has the same queries, so the same key end.
+  const size_t per_state = unit_of(0).state_floats();
+  std::vector<float> states(per_state * units * parts);
+  auto range = [&](int item) {
+    thread_local Scratch scratch;
+    const int u = item / parts, part = item % parts;
+    const int kb_end = part == parts - 1 ? key_end : (part + 1) * kSplitKeys;
+    attend_keys(unit_of(u), op, part * kSplitKeys, kb_end,
+                states.data() + per_state * (static_cast<size_t>(u) * parts + part), scratch);
+  };
+  auto fold = [&](int u) {
+    float* first = states.data() + per_state * static_cast<size_t>(u) * parts;
+    combine(unit_of(u), first, parts);
+    finish(unit_of(u), first);
+  };
+  n_threads = std::min(n_threads, units * parts);
   if (n_threads <= 1) {
+    for (int item = 0; item < units * parts; ++item) {
+      range(item);
+    }
     for (int u = 0; u < units; ++u) {
-      run(u);
+      fold(u);
     }
     return;
   }
-  shared_pool().run(n_threads, units, run);
+  shared_pool().run(n_threads, units * parts, range);
+  shared_pool().run(std::min(n_threads, units), units, fold);
 }
 
 } // namespace vllm_mlx_kernels

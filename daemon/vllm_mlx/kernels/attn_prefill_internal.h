@@ -8,20 +8,23 @@
 
 namespace vllm_mlx_kernels::prefill {
 
-constexpr int kQ = 64; // queries per unit: the lanes (4 AVX-512 vectors, 8 AVX2 ones)
+constexpr int kQ = 64; // lanes per unit at most (4 AVX-512 vectors, 8 AVX2 ones)
+constexpr int kLaneStep = 16; // a unit's lanes W are a multiple of this: 16, 32, 48 or 64
 constexpr int kK = 64; // keys per block
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// s[j * kQ + i] = bias[j * kQ + i] (0 when null) + sum_d k[j * kst + d] * qt[d * kQ + i]
-// for j < nk (qt: D x kQ).
-using QkFn = void (*)(const float* qt, int D, const float* k, int64_t kst, int nk,
+// Every step computes the unit's W lanes (a multiple of kLaneStep, at most kQ), each row of
+// its arrays W floats long; each lane's arithmetic is the same whatever W is.
+// s[j * W + i] = bias[j * W + i] (0 when null) + sum_d k[j * kst + d] * qt[d * W + i]
+// for j < nk (qt: D x W).
+using QkFn = void (*)(const float* qt, int W, int D, const float* k, int64_t kst, int nk,
                       const float* bias, float* s);
-// The online softmax of one block, lane-wise: m and l (kQ each) updated; s (nk x kQ)
-// becomes p; alpha (kQ) receives the factor for the output so far.
-using OnlineFn = void (*)(float* s, int nk, float* m, float* l, float* alpha);
-// ot[c * kQ + i] = ot[c * kQ + i] * alpha[i] + sum_{j < nk} v[j * vst + c] * p[j * kQ + i]
-// for c < Dv; acc: scratch of Dv x kQ (the portable path's).
-using PvFn = void (*)(const float* p, int nk, const float* v, int64_t vst, int Dv,
+// The online softmax of one block, lane-wise: m and l (W each) updated; s (nk x W)
+// becomes p; alpha (W) receives the factor for the output so far.
+using OnlineFn = void (*)(float* s, int W, int nk, float* m, float* l, float* alpha);
+// ot[c * W + i] = ot[c * W + i] * alpha[i] + sum_{j < nk} v[j * vst + c] * p[j * W + i]
+// for c < Dv; acc: scratch of Dv x W (the portable path's).
+using PvFn = void (*)(const float* p, int W, int nk, const float* v, int64_t vst, int Dv,
                       const float* alpha, float* ot, float* acc);
 
 struct Ops {
@@ -46,6 +49,26 @@ Ops ops_avx2();
     case 4: fn<4>(__VA_ARGS__); break;                                                       \
     case 5: fn<5>(__VA_ARGS__); break;                                                       \
     default: break;                                                                          \
+  }
+
+// A tile template of n (1 to 5) rows and C vectors of lanes.
+#define BY_ROWS_C(fn, C, n, ...)                                                             \
+  switch (n) {                                                                               \
+    case 1: fn<1, C>(__VA_ARGS__); break;                                                    \
+    case 2: fn<2, C>(__VA_ARGS__); break;                                                    \
+    case 3: fn<3, C>(__VA_ARGS__); break;                                                    \
+    case 4: fn<4, C>(__VA_ARGS__); break;                                                    \
+    case 5: fn<5, C>(__VA_ARGS__); break;                                                    \
+    default: break;                                                                          \
+  }
+
+// A function template of the C = W / 16 vectors of 16 lanes a unit computes.
+#define BY_LANES(fn, W, ...)                                                                 \
+  switch ((W) / kLaneStep) {                                                                 \
+    case 1: fn<1>(__VA_ARGS__); break;                                                       \
+    case 2: fn<2>(__VA_ARGS__); break;                                                       \
+    case 3: fn<3>(__VA_ARGS__); break;                                                       \
+    default: fn<4>(__VA_ARGS__); break;                                                      \
   }
 
 #endif // __x86_64__

@@ -39,10 +39,13 @@ extension's threads; the causal limit and the batch cache's bool mask (left-padd
 batches) as MLX applies them, and a query that sees no key gets MLX's uniform average of
 V. For one layer of the bundled model's 512-token chunk it is ~3x faster than MLX's two
 BLAS products around the extension's threaded `softmax_prefill` (what this path did
-before; docs/benchmarks.md). That path stays where it measured faster: fewer than
-`FUSED_MIN_QUERIES` queries (a prompt's short last chunk, a speculative draft's check:
-the kernel's 64 query lanes are mostly padding), and CPUs without AVX2 or AVX-512 (the
-kernel's portable loops, arm64 included, have no register tiles).
+before; docs/benchmarks.md). A short chunk (fewer queries than the kernel's 64 lanes: what
+prefill pacing cuts beside decoding streams) packs its query heads' rows into the lanes
+and splits its keys into ranges of 1,024 folded at the end, so that a 4-16-token chunk
+after 4k tokens reads K and V once per KV head on every thread: 1.6-2.2x the decode kernel
+and the BLAS products it took before (docs/benchmarks.md, round 24). The BLAS path stays
+for CPUs without AVX2 or AVX-512 (the kernel's portable loops, arm64 included, have no
+register tiles).
 """
 
 from __future__ import annotations
@@ -59,14 +62,16 @@ _ORIGINAL = base.scaled_dot_product_attention
 _NAME = "scaled_dot_product_attention"
 _prefill_kernel = True  # benchmarks and tests switch it to compare with MLX's fallback
 _fused_prefill = True  # off: MLX's products around `softmax_prefill` (benchmarks, tests)
-# Below this many queries the fused kernel's 64 query lanes are mostly padding and the
-# BLAS products around `softmax_prefill` are faster (measured: docs/benchmarks.md).
-FUSED_MIN_QUERIES = 32
-# A prefill chunk of at most this many queries (a paced chunk beside decoding streams, a
-# draft's check) goes to the decode kernel: one pass over K and V in place, 1.0-1.7x the
-# BLAS products at 128-4,096 keys; at 6-8 queries BLAS's register tiles win back
-# (docs/benchmarks.md, round 14).
-SHORT_CHUNK_QUERIES = 4
+# From this many queries the fused kernel (packed lanes) beats the decode kernel at every
+# context length measured; at 2 they tie (docs/benchmarks.md, round 24).
+FUSED_MIN_QUERIES = 3
+# A prefill chunk of at most this many queries (a speculative draft's check, the rare
+# 2-token chunk) goes to the decode kernel: one pass over K and V in place.
+SHORT_CHUNK_QUERIES = FUSED_MIN_QUERIES - 1
+# Over a quantized cache the decode kernel reads the packed rows in place, where the
+# prefill kernels need the whole cache unpacked first: it keeps chunks of up to 4 queries
+# (round 14's measure).
+QUANTIZED_CHUNK_QUERIES = 4
 # A quantized KV cache the decode kernel reads in place (MLX's affine format).
 QUANTIZED_BITS = (4, 8)
 QUANTIZED_GROUPS = (32, 64, 128)
@@ -213,7 +218,7 @@ def _decodes_quantized(queries: mx.array, keys: Any, values: Any, cache: Any, ma
     return (
         (mask is None or isinstance(mask, mx.array) or (isinstance(mask, str) and mask == "causal"))
         and queries.ndim == 4
-        and 1 <= queries.shape[2] <= _decode_kernel_queries()
+        and 1 <= queries.shape[2] <= _decode_kernel_queries(QUANTIZED_CHUNK_QUERIES)
         and queries.dtype == mx.float32
         and _readable(keys, values, cache)
     )
@@ -294,10 +299,10 @@ def _model_modules(model: Any) -> list[Any]:
     return [mod for mod in mods if mod is not None]
 
 
-def _decode_kernel_queries() -> int:
+def _decode_kernel_queries(short_chunk: int = SHORT_CHUNK_QUERIES) -> int:
     """The most queries a call routes to the decode kernel: 1 (decode) with the prefill
     kernels switched off."""
-    return min(SHORT_CHUNK_QUERIES, decode_kernel_positions()) if _prefill_kernel else 1
+    return min(short_chunk, decode_kernel_positions()) if _prefill_kernel else 1
 
 
 def decode_kernel_positions() -> int:
