@@ -69,9 +69,9 @@ SHAPES = [  # (B, Hq, Hkv, M queries, L keys): GQA 3 (the bundled model's 9/3) a
     (1, 3, 1, 130, 1030),
     (3, 6, 2, 129, 129),
     # Short chunks (fewer queries than the 64 lanes): query heads packed into the lanes,
-    # keys past 2,048 split into ranges of 1,024 folded at the end.
-    (1, 9, 3, 4, 2100),  # a paced chunk after 2k: 3 heads x 4 rows in 16 lanes, 2 ranges
-    (2, 9, 3, 8, 3100),  # batch 2, 3 ranges; the padded row skips whole ranges
+    # keys past 512 split into ranges of 256 folded at the end.
+    (1, 9, 3, 4, 2100),  # a paced chunk after 2k: 3 heads x 4 rows in 16 lanes, 8 ranges
+    (2, 9, 3, 8, 3100),  # batch 2, 12 ranges; the padded row skips whole ranges
     (1, 9, 3, 21, 1100),  # 63 lanes
     (1, 9, 3, 32, 2048),  # 2 heads packed, then 1
     (1, 8, 1, 5, 1030),  # 8 heads x 5 rows: 40 lanes

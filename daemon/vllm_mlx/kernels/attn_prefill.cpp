@@ -45,7 +45,7 @@ using namespace prefill;
 namespace {
 
 // Keys per range of a short chunk's split (sdpa_prefill): a multiple of kK.
-constexpr int kSplitKeys = 1024;
+constexpr int kSplitKeys = 256;
 
 // --- portable: plain loops over the kQ lanes, which the compiler vectorizes (NEON on
 // arm64, SSE2 on a baseline x86-64) without reordering any lane's sums.
@@ -452,16 +452,18 @@ void sdpa_prefill(const PrefillProblem& p) {
   }
   // One query block: every unit has the same queries, so the same key end.
   const size_t per_state = unit_of(0).state_floats();
-  std::vector<float> states(per_state * units * parts);
+  thread_local std::vector<float> states; // the calling thread's; workers write into it
+  states.resize(per_state * units * parts);
+  float* all_states = states.data(); // a lambda would name a worker's own thread_local
   auto range = [&](int item) {
     thread_local Scratch scratch;
     const int u = item / parts, part = item % parts;
     const int kb_end = part == parts - 1 ? key_end : (part + 1) * kSplitKeys;
     attend_keys(unit_of(u), op, part * kSplitKeys, kb_end,
-                states.data() + per_state * (static_cast<size_t>(u) * parts + part), scratch);
+                all_states + per_state * (static_cast<size_t>(u) * parts + part), scratch);
   };
   auto fold = [&](int u) {
-    float* first = states.data() + per_state * static_cast<size_t>(u) * parts;
+    float* first = all_states + per_state * static_cast<size_t>(u) * parts;
     combine(unit_of(u), first, parts);
     finish(unit_of(u), first);
   };
