@@ -403,14 +403,14 @@ void sdpa_prefill(const PrefillProblem& p) {
   // its threshold, the 1 << 22 this was measured with).
   long work = static_cast<long>(p.B) * p.Hq * p.M * p.L * (p.D + p.Dv);
   int n_threads = work < 2 * parallel_min() ? 1 : threads();
-  // A unit holds a KV head's G query heads, which share its K and V reads. A short chunk
-  // (fewer queries than lanes) packs them into its lanes and splits its keys into ranges
-  // (below). Otherwise, with fewer units than ~4 a thread (one sequence's 512-token
-  // chunk: 3 units for the bundled model), each query head is a unit instead, so that
-  // the threads' shares come out even.
-  const bool short_chunk = p.M < kQ;
-  const int heads =
-      !short_chunk && n_threads > 1 && p.B * p.Hkv * blocks < 4 * n_threads ? 1 : G;
+  // A unit holds a KV head's G query heads, which share its K and V reads. With fewer
+  // units than ~4 a thread (one sequence's 512-token chunk: 3 units for the bundled
+  // model), each query head is a unit instead, so that the threads' shares come out
+  // even; but a chunk of up to 32 queries packs 2 or more heads into the lanes, so it
+  // keeps them together and its keys are split into ranges instead (below).
+  const bool short_chunk = 2 * p.M <= kQ; // 2 or more heads' rows fit the lanes
+  const bool few_units = n_threads > 1 && p.B * p.Hkv * blocks < 4 * n_threads;
+  const int heads = few_units && !short_chunk ? 1 : G;
   const int per_block = p.B * p.Hq / heads;
   // Heads whose rows share a unit's lanes: as many as fit when a block has fewer queries
   // than lanes (one block of M queries), else one.
