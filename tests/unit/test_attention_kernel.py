@@ -381,6 +381,20 @@ def test_short_chunks_go_to_the_decode_kernel_and_longer_ones_do_not(
             want = base.scaled_dot_product_attention(q, k, v, None, 0.125, kind)  # type: ignore[arg-type]
             close(got, want)
     assert calls == [2, 2, n, n]
+    # Without the fused kernel's register tiles, the decode kernel keeps chunks of up to
+    # DECODE_KERNEL_CHUNK_QUERIES (the BLAS products take longer ones).
+    wide = attention.DECODE_KERNEL_CHUNK_QUERIES
+    calls.clear()
+    qmm.extension().set_isa("scalar")
+    try:
+        for m in (n + 1, wide, wide + 1):
+            q, k, v = several(2, m, 50 + m, seed=m)
+            got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, "causal")
+            close(got, base.scaled_dot_product_attention(q, k, v, None, 0.125, "causal"))
+    finally:
+        qmm.extension().set_isa("best")
+    assert calls == [n + 1, wide]
+    calls[:] = [2, 2, n, n]
     attention.use_prefill_kernel(False)
     try:
         q, k, v = several(1, 2, 9)

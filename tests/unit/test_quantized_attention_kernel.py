@@ -163,7 +163,7 @@ def test_a_quantized_caches_steps_go_to_the_kernel(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(ext, "sdpa_decode_quantized", counted)
     cache, keys, values = cached(1, 3, 90, 64, 4, 64)
-    n = attention.QUANTIZED_CHUNK_QUERIES
+    n = attention.DECODE_KERNEL_CHUNK_QUERIES
     for m, mask in ((1, None), (3, "causal"), (n + 1, "causal")):
         q = mx.random.normal((1, 9, m, 64), key=mx.random.key(m))
         want = reference(q, keys, values, mask, 4, 64)
@@ -195,7 +195,7 @@ def test_left_padding_leaves_a_rows_bits_as_alone(isa: str, pad: int) -> None:
 def test_a_prefill_chunk_unpacks_the_cache_for_the_float_kernels(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A chunk of more than QUANTIZED_CHUNK_QUERIES over a quantized cache: K and V unpacked
+    """A chunk of more than DECODE_KERNEL_CHUNK_QUERIES over a quantized cache: K and V unpacked
     on every core and the float prefill kernels (fused from FUSED_MIN_QUERIES), close to
     mlx_lm's quantized path, causal and with a left-padded batch mask; an additive mask
     stays on mlx_lm's path."""

@@ -62,16 +62,18 @@ _ORIGINAL = base.scaled_dot_product_attention
 _NAME = "scaled_dot_product_attention"
 _prefill_kernel = True  # benchmarks and tests switch it to compare with MLX's fallback
 _fused_prefill = True  # off: MLX's products around `softmax_prefill` (benchmarks, tests)
-# From this many queries the fused kernel (packed lanes) beats the decode kernel at every
-# context length measured; at 2 they tie (docs/benchmarks.md, round 24).
+# A prefill chunk of at most SHORT_CHUNK_QUERIES queries (a speculative draft's check, a
+# rare 2-token chunk) goes to the decode kernel, one pass over K and V in place, where the
+# fused kernel takes the longer ones: from FUSED_MIN_QUERIES (its lanes packed with the
+# query heads' rows) it beats the decode kernel at every context length measured; at 2
+# queries they tie (docs/benchmarks.md, round 24).
 FUSED_MIN_QUERIES = 3
-# A prefill chunk of at most this many queries (a speculative draft's check, the rare
-# 2-token chunk) goes to the decode kernel: one pass over K and V in place.
 SHORT_CHUNK_QUERIES = FUSED_MIN_QUERIES - 1
-# Over a quantized cache the decode kernel reads the packed rows in place, where the
-# prefill kernels need the whole cache unpacked first: it keeps chunks of up to 4 queries
-# (round 14's measure).
-QUANTIZED_CHUNK_QUERIES = 4
+# Without the fused kernel (no register tiles: the BLAS products take the longer chunks),
+# and over a quantized cache (whose packed rows the decode kernel reads in place, where
+# the prefill kernels need the cache unpacked first), the decode kernel keeps chunks of up
+# to 4 queries (round 14: at 6-8 the BLAS products' register tiles win).
+DECODE_KERNEL_CHUNK_QUERIES = 4
 # A quantized KV cache the decode kernel reads in place (MLX's affine format).
 QUANTIZED_BITS = (4, 8)
 QUANTIZED_GROUPS = (32, 64, 128)
@@ -136,12 +138,7 @@ def _prefill_attention(
     fallback does) around the extension's softmax."""
     batch, q_heads, rows, dim = queries.shape
     ext = qmm.extension()
-    if (
-        _fused_prefill
-        and rows >= FUSED_MIN_QUERIES
-        and hasattr(ext, "sdpa_prefill")
-        and ext.isa() in _FUSED_ISAS
-    ):
+    if rows >= FUSED_MIN_QUERIES and _fused_kernel():
         if isinstance(mask, mx.array):
             fused: mx.array = ext.sdpa_prefill(queries, keys, values, scale, False, mask)
         else:
@@ -218,7 +215,7 @@ def _decodes_quantized(queries: mx.array, keys: Any, values: Any, cache: Any, ma
     return (
         (mask is None or isinstance(mask, mx.array) or (isinstance(mask, str) and mask == "causal"))
         and queries.ndim == 4
-        and 1 <= queries.shape[2] <= _decode_kernel_queries(QUANTIZED_CHUNK_QUERIES)
+        and 1 <= queries.shape[2] <= _decode_kernel_queries(quantized=True)
         and queries.dtype == mx.float32
         and _readable(keys, values, cache)
     )
@@ -299,10 +296,20 @@ def _model_modules(model: Any) -> list[Any]:
     return [mod for mod in mods if mod is not None]
 
 
-def _decode_kernel_queries(short_chunk: int = SHORT_CHUNK_QUERIES) -> int:
+def _fused_kernel() -> bool:
+    """The fused prefill kernel takes chunks: built, switched on, with register tiles."""
+    ext = qmm.extension()
+    return _fused_prefill and hasattr(ext, "sdpa_prefill") and ext.isa() in _FUSED_ISAS
+
+
+def _decode_kernel_queries(quantized: bool = False) -> int:
     """The most queries a call routes to the decode kernel: 1 (decode) with the prefill
     kernels switched off."""
-    return min(short_chunk, decode_kernel_positions()) if _prefill_kernel else 1
+    if not _prefill_kernel:
+        return 1
+    fused = _fused_kernel() and not quantized
+    return min(SHORT_CHUNK_QUERIES if fused else DECODE_KERNEL_CHUNK_QUERIES,
+               decode_kernel_positions())  # fmt: skip
 
 
 def decode_kernel_positions() -> int:
