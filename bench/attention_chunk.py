@@ -4,6 +4,7 @@
 
     python bench/attention_chunk.py                              # 4-100 queries after 256-4k
     python bench/attention_chunk.py --contexts 4096 --queries 4 8 16
+    python bench/attention_chunk.py --isa avx2                   # as an AVX2-only CPU runs
     PYTHONPATH=/other/checkout/daemon python bench/attention_chunk.py   # another build
 
 Each size runs the swapped `scaled_dot_product_attention` (causal, K and V as slices of a
@@ -31,6 +32,7 @@ def main() -> int:
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--queries", type=int, nargs="+", default=[4, 8, 16, 32, 48, 63, 64, 100])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--isa", default="best", help="the extension's instruction set")
     args = parser.parse_args()
     from vllm_mlx.models.cpu import blas
 
@@ -40,6 +42,7 @@ def main() -> int:
     from vllm_mlx.models.cpu import attention, qmm
 
     ext = qmm.extension()
+    ext.set_isa(args.isa)
     for context in args.contexts:
         room = context + max(args.queries) + 256  # the cache buffer grows in steps
         keys = mx.random.normal((1, KV_HEADS, room, HEAD_DIM), key=mx.random.key(1))

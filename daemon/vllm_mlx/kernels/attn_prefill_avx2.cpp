@@ -15,8 +15,8 @@ namespace {
 
 // AVX2: R keys (or columns of V) x 16 query lanes (2 vectors), the W lanes in W / 16 passes;
 // R = 6 uses 15 of the 16 ymm registers.
-template <int R>
-AVX2 inline void qk_tile_avx2(const float* qt, int W, int D, const float* k, int64_t kst,
+template <int R, int W>
+AVX2 inline void qk_tile_avx2(const float* qt, int D, const float* k, int64_t kst,
                               const float* bias, float* s) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) {
@@ -38,8 +38,8 @@ AVX2 inline void qk_tile_avx2(const float* qt, int W, int D, const float* k, int
   }
 }
 
-template <int R>
-AVX2 inline void pv_tile_avx2(const float* p, int W, int nk, const float* v, int64_t vst,
+template <int R, int W>
+AVX2 inline void pv_tile_avx2(const float* p, int nk, const float* v, int64_t vst,
                               const float* alpha, float* ot) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) {
@@ -61,20 +61,26 @@ AVX2 inline void pv_tile_avx2(const float* p, int W, int nk, const float* v, int
   }
 }
 
-AVX2 void qk_avx2(const float* qt, int W, int D, const float* k, int64_t kst, int nk,
-                  const float* bias, float* s) {
+// The lane count is a template argument (C vectors of 16): with W in a register the
+// tiles' addressing took the registers the accumulators need (64 lanes 4-14% slower).
+template <int C>
+AVX2 void qk_lanes(const float* qt, int D, const float* k, int64_t kst, int nk,
+                   const float* bias, float* s) {
+  constexpr int W = 16 * C;
   for (int c = 0; c < W; c += 16) {
     int j = 0;
     for (; j + 6 <= nk; j += 6) {
-      qk_tile_avx2<6>(qt + c, W, D, k + j * kst, kst,
+      qk_tile_avx2<6, W>(qt + c, D, k + j * kst, kst,
                       bias == nullptr ? nullptr : bias + j * W + c, s + j * W + c);
     }
-    BY_ROWS(qk_tile_avx2, nk - j, qt + c, W, D, k + j * kst, kst,
+    BY_ROWS_C(qk_tile_avx2, W, nk - j, qt + c, D, k + j * kst, kst,
             bias == nullptr ? nullptr : bias + j * W + c, s + j * W + c)
   }
 }
 
-AVX2 void online_avx2(float* s, int W, int nk, float* m, float* l, float* alpha) {
+template <int C>
+AVX2 void online_lanes(float* s, int nk, float* m, float* l, float* alpha) {
+  constexpr int W = 16 * C;
   const __m256 ninf = _mm256_set1_ps(kNegInf);
   for (int c = 0; c < W; c += 8) {
     __m256 old = _mm256_loadu_ps(m + c);
@@ -102,15 +108,31 @@ AVX2 void online_avx2(float* s, int W, int nk, float* m, float* l, float* alpha)
   }
 }
 
-AVX2 void pv_avx2(const float* p, int W, int nk, const float* v, int64_t vst, int Dv,
-                  const float* alpha, float* ot, float*) {
+template <int C>
+AVX2 void pv_lanes(const float* p, int nk, const float* v, int64_t vst, int Dv,
+                   const float* alpha, float* ot) {
+  constexpr int W = 16 * C;
   for (int q = 0; q < W; q += 16) {
     int c = 0;
     for (; c + 6 <= Dv; c += 6) {
-      pv_tile_avx2<6>(p + q, W, nk, v + c, vst, alpha + q, ot + c * W + q);
+      pv_tile_avx2<6, W>(p + q, nk, v + c, vst, alpha + q, ot + c * W + q);
     }
-    BY_ROWS(pv_tile_avx2, Dv - c, p + q, W, nk, v + c, vst, alpha + q, ot + c * W + q)
+    BY_ROWS_C(pv_tile_avx2, W, Dv - c, p + q, nk, v + c, vst, alpha + q, ot + c * W + q)
   }
+}
+
+AVX2 void qk_avx2(const float* qt, int W, int D, const float* k, int64_t kst, int nk,
+                  const float* bias, float* s) {
+  BY_LANES(qk_lanes, W, qt, D, k, kst, nk, bias, s)
+}
+
+AVX2 void online_avx2(float* s, int W, int nk, float* m, float* l, float* alpha) {
+  BY_LANES(online_lanes, W, s, nk, m, l, alpha)
+}
+
+AVX2 void pv_avx2(const float* p, int W, int nk, const float* v, int64_t vst, int Dv,
+                  const float* alpha, float* ot, float*) {
+  BY_LANES(pv_lanes, W, p, nk, v, vst, Dv, alpha, ot)
 }
 
 } // namespace

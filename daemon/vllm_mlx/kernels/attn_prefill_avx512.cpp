@@ -17,8 +17,9 @@ namespace {
 // R keys x C vectors of query lanes: R * C accumulators, C loads of q and a broadcast of
 // k per step of d; R = 6, C = 4 uses 29 of the 32 zmm registers.
 template <int R, int C>
-AVX512 inline void qk_tile_avx512(const float* qt, int W, int D, const float* k, int64_t kst,
+AVX512 inline void qk_tile_avx512(const float* qt, int D, const float* k, int64_t kst,
                                   const float* bias, float* s) {
+  constexpr int W = 16 * C;
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) {
@@ -47,8 +48,9 @@ AVX512 inline void qk_tile_avx512(const float* qt, int W, int D, const float* k,
 // R columns of V x C vectors of query lanes, summed over the block's keys, then folded
 // into ot.
 template <int R, int C>
-AVX512 inline void pv_tile_avx512(const float* p, int W, int nk, const float* v, int64_t vst,
+AVX512 inline void pv_tile_avx512(const float* p, int nk, const float* v, int64_t vst,
                                   const float* alpha, float* ot) {
+  constexpr int W = 16 * C;
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) {
@@ -76,31 +78,35 @@ AVX512 inline void pv_tile_avx512(const float* p, int W, int nk, const float* v,
   }
 }
 
+// The lane count is a template argument (C vectors of 16), so the tiles' addressing is
+// constant.
 template <int C>
-AVX512 void qk_lanes(const float* qt, int W, int D, const float* k, int64_t kst, int nk,
+AVX512 void qk_lanes(const float* qt, int D, const float* k, int64_t kst, int nk,
                      const float* bias, float* s) {
+  constexpr int W = 16 * C;
   int j = 0;
   for (; j + 6 <= nk; j += 6) {
-    qk_tile_avx512<6, C>(qt, W, D, k + j * kst, kst, bias == nullptr ? nullptr : bias + j * W,
+    qk_tile_avx512<6, C>(qt, D, k + j * kst, kst, bias == nullptr ? nullptr : bias + j * W,
                          s + j * W);
   }
-  BY_ROWS_C(qk_tile_avx512, C, nk - j, qt, W, D, k + j * kst, kst,
+  BY_ROWS_C(qk_tile_avx512, C, nk - j, qt, D, k + j * kst, kst,
             bias == nullptr ? nullptr : bias + j * W, s + j * W)
 }
 
 template <int C>
-AVX512 void pv_lanes(const float* p, int W, int nk, const float* v, int64_t vst, int Dv,
+AVX512 void pv_lanes(const float* p, int nk, const float* v, int64_t vst, int Dv,
                      const float* alpha, float* ot) {
+  constexpr int W = 16 * C;
   int c = 0;
   for (; c + 6 <= Dv; c += 6) {
-    pv_tile_avx512<6, C>(p, W, nk, v + c, vst, alpha, ot + c * W);
+    pv_tile_avx512<6, C>(p, nk, v + c, vst, alpha, ot + c * W);
   }
-  BY_ROWS_C(pv_tile_avx512, C, Dv - c, p, W, nk, v + c, vst, alpha, ot + c * W)
+  BY_ROWS_C(pv_tile_avx512, C, Dv - c, p, nk, v + c, vst, alpha, ot + c * W)
 }
 
 AVX512 void qk_avx512(const float* qt, int W, int D, const float* k, int64_t kst, int nk,
                       const float* bias, float* s) {
-  BY_LANES(qk_lanes, W, qt, W, D, k, kst, nk, bias, s)
+  BY_LANES(qk_lanes, W, qt, D, k, kst, nk, bias, s)
 }
 
 AVX512 void online_avx512(float* s, int W, int nk, float* m, float* l, float* alpha) {
@@ -134,7 +140,7 @@ AVX512 void online_avx512(float* s, int W, int nk, float* m, float* l, float* al
 
 AVX512 void pv_avx512(const float* p, int W, int nk, const float* v, int64_t vst, int Dv,
                       const float* alpha, float* ot, float*) {
-  BY_LANES(pv_lanes, W, p, W, nk, v, vst, Dv, alpha, ot)
+  BY_LANES(pv_lanes, W, p, nk, v, vst, Dv, alpha, ot)
 }
 
 } // namespace
