@@ -16,14 +16,18 @@
 // unit, the block's scores are s[key][query], the output accumulates transposed
 // (ot[c][i]); K and V are read in place, one element broadcast at a time. So the softmax's
 // max and sums are lane-wise (vertical) operations, and no K block is ever transposed.
+// A chunk of up to 32 queries (prefill pacing's pieces beside decoding streams) fills the
+// lanes with several query heads' rows (Lanes), computes only the 16-64 lanes they take,
+// and splits its keys into ranges folded at the end (sdpa_prefill).
 //
 // A query that sees no key at all (a left-padded sequence's padding rows, or a causal
 // query before the first key) gets what MLX's fallback gives it: the masked scores are
 // all finfo.min, so the softmax is uniform and the output is the mean of V over every key.
 //
-// Each output element's operations depend on its query's position in the sequence, D, Dv
-// and the key count, never on the batch, the split over threads or the thread; the sums
-// run in another order than BLAS's, so results match MLX's to rounding, not bit for bit.
+// Each output element's operations depend on its query's position in the sequence, D, Dv,
+// the key count and the query count, never on the batch, the split over threads, the
+// thread or the other rows sharing its lanes; the sums run in another order than BLAS's,
+// so results match MLX's to rounding, not bit for bit.
 //
 // This file: the portable steps and the driver (units, key blocks, masks, threads); the
 // AVX2 and AVX-512 steps are in attn_prefill_avx2.cpp and attn_prefill_avx512.cpp

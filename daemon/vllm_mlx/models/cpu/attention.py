@@ -39,10 +39,10 @@ extension's threads; the causal limit and the batch cache's bool mask (left-padd
 batches) as MLX applies them, and a query that sees no key gets MLX's uniform average of
 V. For one layer of the bundled model's 512-token chunk it is ~3x faster than MLX's two
 BLAS products around the extension's threaded `softmax_prefill` (what this path did
-before; docs/benchmarks.md). A short chunk (fewer queries than the kernel's 64 lanes: what
+before; docs/benchmarks.md). A short chunk (up to 32 queries, half the kernel's lanes: what
 prefill pacing cuts beside decoding streams) packs its query heads' rows into the lanes
 and splits its keys into ranges of 256 folded at the end, so that a 4-16-token chunk
-after 4k tokens reads K and V once per KV head on every thread: 1.6-2.2x the decode kernel
+after 4k tokens reads K and V once per KV head on every thread: 1.5-2.1x the decode kernel
 and the BLAS products it took before (docs/benchmarks.md, round 24). The BLAS path stays
 for CPUs without AVX2 or AVX-512 (the kernel's portable loops, arm64 included, have no
 register tiles).
