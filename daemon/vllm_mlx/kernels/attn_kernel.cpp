@@ -143,51 +143,49 @@ int first_kept(const AttnProblem& p, const bool* keep, int valid) {
 // zeros included, and each lane adds its positions in order, so the bits are the plain
 // loops'. Those (indexed t % 16) compiled to a scalar load, compare and store a position:
 // ~13% of an 8-query call's time, and of a decode step's attention at long contexts.
-void lane_max(const float* s, int whole, float* lanes) {
+// lanes[i] = step(s[t + i], lanes[i]) for each whole block of 16 positions, in order.
 #if defined(__SSE2__)
+template <class Step>
+void fold_lanes(const float* s, int whole, float* lanes, Step step) {
   __m128 v[kLanes / 4];
   for (int c = 0; c < kLanes / 4; ++c) {
     v[c] = _mm_loadu_ps(lanes + 4 * c);
   }
   for (int t = 0; t < whole; t += kLanes) {
     for (int c = 0; c < kLanes / 4; ++c) {
-      v[c] = _mm_max_ps(_mm_loadu_ps(s + t + 4 * c), v[c]);
+      v[c] = step(_mm_loadu_ps(s + t + 4 * c), v[c]);
     }
   }
   for (int c = 0; c < kLanes / 4; ++c) {
     _mm_storeu_ps(lanes + 4 * c, v[c]);
   }
-#else
-  for (int t = 0; t < whole; t += kLanes) {
-    for (int i = 0; i < kLanes; ++i) {
-      lanes[i] = std::max(lanes[i], s[t + i]);
-    }
-  }
-#endif
+}
+
+void lane_max(const float* s, int whole, float* lanes) {
+  fold_lanes(s, whole, lanes, [](__m128 x, __m128 lane) { return _mm_max_ps(x, lane); });
 }
 
 void lane_sum(const float* s, int whole, float* lanes) {
-#if defined(__SSE2__)
-  __m128 v[kLanes / 4];
-  for (int c = 0; c < kLanes / 4; ++c) {
-    v[c] = _mm_loadu_ps(lanes + 4 * c);
-  }
-  for (int t = 0; t < whole; t += kLanes) {
-    for (int c = 0; c < kLanes / 4; ++c) {
-      v[c] = _mm_add_ps(v[c], _mm_loadu_ps(s + t + 4 * c));
-    }
-  }
-  for (int c = 0; c < kLanes / 4; ++c) {
-    _mm_storeu_ps(lanes + 4 * c, v[c]);
-  }
+  fold_lanes(s, whole, lanes, [](__m128 x, __m128 lane) { return _mm_add_ps(lane, x); });
+}
 #else
+template <class Step>
+void fold_lanes(const float* s, int whole, float* lanes, Step step) {
   for (int t = 0; t < whole; t += kLanes) {
     for (int i = 0; i < kLanes; ++i) {
-      lanes[i] += s[t + i];
+      lanes[i] = step(s[t + i], lanes[i]);
     }
   }
-#endif
 }
+
+void lane_max(const float* s, int whole, float* lanes) {
+  fold_lanes(s, whole, lanes, [](float x, float lane) { return std::max(lane, x); });
+}
+
+void lane_sum(const float* s, int whole, float* lanes) {
+  fold_lanes(s, whole, lanes, [](float x, float lane) { return lane + x; });
+}
+#endif
 
 void softmax(float* s, int T) {
   float lanes[kLanes];
