@@ -7,6 +7,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mlx_lm.models import base
 from mlx_lm.models.cache import BatchKVCache
 
@@ -185,6 +187,37 @@ def test_a_short_chunks_rows_get_the_bits_they_get_alone(
         one = (q[i : i + 1], k[i : i + 1], v[i : i + 1])
         assert same_bits(fused(*one, 0.125, mask[i : i + 1]), batch[i : i + 1]), i
         assert same_bits(fused(*one, 0.125, "causal"), causal[i : i + 1]), i
+
+
+@st.composite
+def short_chunks(draw: st.DrawFn) -> dict[str, object]:
+    """A chunk of 1-40 queries (packed lanes up to 32, key ranges past 512 keys), grouped
+    heads, and a batch cache's left padding (a row may see no key at all)."""
+    m = draw(st.integers(1, 40))
+    t = draw(st.integers(m, 1300))
+    b = draw(st.integers(1, 2))
+    return {
+        "b": b, "hkv": draw(st.integers(1, 3)), "groups": draw(st.integers(1, 9)), "m": m,
+        "t": t, "d": draw(st.sampled_from([16, 64, 72])),
+        "pads": [draw(st.integers(0, t)) for _ in range(b)],
+        "mask": draw(st.sampled_from(["causal", "padded", "none"])),
+        "seed": draw(st.integers(0, 2**16)),
+    }  # fmt: skip
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(problem=short_chunks())
+def test_short_chunks_match_mlx(isa: str, threaded: None, problem: dict[str, object]) -> None:
+    b, hkv, groups, m, t, d = (int(problem[k]) for k in ("b", "hkv", "groups", "m", "t", "d"))  # type: ignore[call-overload]
+    q, k, v = qkv(b, hkv * groups, hkv, m, t, d, seed=int(problem["seed"]))  # type: ignore[call-overload]
+    mask: Mask = {"causal": "causal", "none": None}.get(str(problem["mask"]))
+    if problem["mask"] == "padded":
+        mask = padded_mask(m, t, list(problem["pads"]))  # type: ignore[call-overload]
+    got = fused(q, k, v, d**-0.5, mask)
+    assert bool(mx.isfinite(got).all().item())
+    close(got, reference(q, k, v, d**-0.5, mask))
 
 
 def test_inputs_not_contiguous_in_the_last_dimension_are_read_right(isa: str) -> None:
