@@ -33,11 +33,9 @@ tokens cost a + b*k, the next is sized k' = budget * k / (a + b*k), whose fixed 
 a + b*k = budget is stable (each step's error shrinks by a / budget); the ladder's floor
 stops the approach up to one ladder step short of it.
 
-Chunk sizes come from a short ladder (multiples of 4 below 32, of 16 up to 128, then
-powers of two) so that a prompt is cut in few distinct ways whatever the timing noise; a
-distributed group (every rank must cut alike) does not pace. Powers of two from 32 on
-left up to half the budget unused where it landed between 32 and 64 tokens, as it does
-at the default 3.0 for most of a 4k prompt since round 24's cheaper chunk attention.
+Chunk sizes come from a short ladder (multiples of 4 below 32, then powers of two) so
+that a prompt is cut in few distinct ways whatever the timing noise; a distributed group
+(every rank must cut alike) does not pace.
 """
 
 from __future__ import annotations
@@ -47,8 +45,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 SMALLEST_CHUNK = 4  # at a 4k offset one token costs ~10 ms here: 16 were 3x a decode step
-MIDDLE_STEP = 16  # the ladder's step from 32 to MIDDLE_TOP tokens
-MIDDLE_TOP = 128
 _SMOOTHING = 0.3  # weight of the newest measurement in the token cost's moving average
 # The decode step's cost is the median of this many latest steps. A moving average took
 # a rare slow step (a collection, the host) as a larger budget, and the next chunks were
@@ -59,16 +55,14 @@ STEP_WINDOW = 9
 
 def _ladder_floor(tokens: float, largest: int) -> int:
     """`largest` if `tokens` reach it, else the ladder's step at most `tokens`: multiples
-    of SMALLEST_CHUNK below 32 and of MIDDLE_STEP up to MIDDLE_TOP (where the budget
-    usually lands beside decoding, a whole power of two would waste up to half of it),
-    powers of two above; never below SMALLEST_CHUNK, so every step makes progress."""
+    of SMALLEST_CHUNK below 32 (where the budget usually lands beside decoding, a whole
+    power of two would waste up to half of it), powers of two above; never below
+    SMALLEST_CHUNK, so every step makes progress."""
     if tokens >= largest:
         return largest
     if tokens < 32:
         return max(SMALLEST_CHUNK, int(tokens) // SMALLEST_CHUNK * SMALLEST_CHUNK)
-    if tokens < MIDDLE_TOP:
-        return min(int(tokens) // MIDDLE_STEP * MIDDLE_STEP, largest)
-    chunk = MIDDLE_TOP
+    chunk = 32
     while chunk * 2 <= tokens:
         chunk *= 2
     return min(chunk, largest)
