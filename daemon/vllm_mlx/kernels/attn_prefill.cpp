@@ -357,12 +357,12 @@ void combine(const Unit& u, float* states, int parts) {
 }
 
 // The unit's output rows from its final state.
-void finish(const Unit& u, const float* state) {
+void finish(const Unit& u, float* state) {
   const PrefillProblem& p = *u.p;
   const int Dv = p.Dv;
   const Lanes lanes = u.lanes();
   const int nq = lanes.nq;
-  State st(u, const_cast<float*>(state));
+  State st(u, state);
   const float* v = p.v + u.b * p.v_strides[0] + u.kh * p.v_strides[1];
   const int64_t vst = p.v_strides[2];
   // A query that saw no key: MLX's uniform softmax over every key, the mean of V.
