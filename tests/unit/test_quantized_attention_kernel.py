@@ -150,6 +150,54 @@ def test_bad_inputs_raise_value_errors() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("m", "t", "bits", "group"), [(4, 2100, 8, 32), (8, 700, 4, 64), (100, 1000, 4, 32)]
+)
+def test_prefill_over_the_packed_rows_gives_the_unpacked_caches_bits(
+    isa: str, threaded: None, m: int, t: int, bits: int, group: int
+) -> None:
+    """`sdpa_prefill_quantized` dequantizes each key block as MLX does, so its bits are
+    `sdpa_prefill`'s over the unpacked cache: short chunks (packed lanes, split keys) and
+    long ones, causal, a left-padded batch mask, none."""
+    ext = qmm.extension()
+    _, keys, values = cached(2, 3, t, 64, bits, group, seed=t)
+    q = mx.random.normal((2, 9, m, 64), key=mx.random.key(m))
+    floats = (unpack(keys, bits, group), unpack(values, bits, group))
+    padded = base.create_causal_mask(m, offset=t - m, left_padding=mx.array([0, t // 3]))
+    for causal, mask in (
+        (True, None),
+        (False, mx.broadcast_to(padded, (2, 1, m, t))),
+        (False, None),
+    ):
+        got = ext.sdpa_prefill_quantized(q, keys, values, 0.125, group, bits, causal, mask)
+        assert same_bits(got, ext.sdpa_prefill(q, *floats, 0.125, causal, mask))
+
+
+def test_bad_prefill_inputs_raise_value_errors() -> None:
+    ext = qmm.extension()
+    _, keys, values = cached(2, 3, 10, 64, 8, 32)
+    q = mx.random.normal((2, 9, 4, 64))
+    half = (keys[0], keys[1].astype(mx.float16), keys[2].astype(mx.float16))
+    bad = [
+        ((q, keys, values, 0.125, 32, 3, True), "bits must be 4 or 8"),
+        ((q, keys, values, 0.125, 16, 8, True), "group_size"),
+        ((q.astype(mx.float16), keys, values, 0.125, 32, 8, True), "float32"),
+        ((q[:, :, :0], keys, values, 0.125, 32, 8, True), "at least one position"),
+        ((q, half, values, 0.125, 32, 8, True), "words, float32 scales"),
+        ((q, keys[:2], values, 0.125, 32, 8, True), "words, float32 scales"),
+        ((q[:1], keys, values, 0.125, 32, 8, True), "batch size"),
+        ((q[:, :8], keys, values, 0.125, 32, 8, True), "divides"),
+        ((q, keys, tuple(x[..., :5, :] for x in values), 0.125, 32, 8, True), "length"),
+        ((q, keys, values, 0.125, 32, 4, True), "head dim"),  # 8-bit words read as 4-bit
+        ((q, keys, values, 0.125, 32, 8, False, mx.ones((2, 1, 4, 11), mx.bool_)), "mask"),
+        ((q, keys, values, 0.125, 32, 8, False, mx.ones((2, 9, 4, 10), mx.bool_)), "mask"),
+        ((q, keys, values, 0.125, 32, 8, False, mx.zeros((2, 1, 4, 10))), "mask"),
+    ]
+    for args, message in bad:
+        with pytest.raises(ValueError, match=message):
+            ext.sdpa_prefill_quantized(*args)
+
+
 def test_a_quantized_caches_steps_go_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the swapped function: decode steps and short chunks over a quantized cache
     take the decode kernel; a longer chunk does not."""
@@ -192,13 +240,25 @@ def test_left_padding_leaves_a_rows_bits_as_alone(isa: str, pad: int) -> None:
     assert same_bits(outs[1], outs[0])
 
 
-def test_a_prefill_chunk_unpacks_the_cache_for_the_float_kernels(
+def unpack(triple: Triple, bits: int, group: int) -> mx.array:
+    """A quantized K or V as the float kernels would read it unpacked (MLX's floats)."""
+    words, scales, biases = triple
+    rows = words.shape[0] * words.shape[1] * words.shape[2]
+    flat = qmm.extension().dequantize(
+        words.reshape(rows, -1), scales.reshape(rows, -1), biases.reshape(rows, -1), group, bits
+    )
+    return flat.reshape(*words.shape[:3], -1)
+
+
+def test_a_prefill_chunk_reads_the_quantized_cache_in_place(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A chunk of more than DECODE_KERNEL_CHUNK_QUERIES over a quantized cache: K and V unpacked
-    on every core and the float prefill kernels (fused from FUSED_MIN_QUERIES), close to
-    mlx_lm's quantized path, causal and with a left-padded batch mask; an additive mask
-    stays on mlx_lm's path."""
+    """A chunk of more than DECODE_KERNEL_CHUNK_QUERIES over a quantized cache: the fused
+    kernel dequantizes a block of keys at a time (the cache is never unpacked whole), with
+    the bits of the float kernel over the unpacked cache and close to mlx_lm's quantized
+    path, causal and with a left-padded batch mask. Without register tiles (the scalar
+    instruction set) the cache is unpacked on every core for the BLAS products. An additive
+    mask stays on mlx_lm's path."""
     ext = qmm.extension()
     unpacked: list[tuple[int, ...]] = []
     original = ext.dequantize
@@ -207,19 +267,41 @@ def test_a_prefill_chunk_unpacks_the_cache_for_the_float_kernels(
         unpacked.append(tuple(w.shape))
         return original(w, *args, **kw)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(ext, "dequantize", counted)
     t = 300
-    for bits, m in ((8, 40), (4, 7)):
+    for bits, m in ((8, 40), (4, 7), (8, 100)):
         cache, keys, values = cached(2, 3, t, 64, bits, 32, seed=m)
         q = mx.random.normal((2, 9, m, 64), key=mx.random.key(m))
         keep = base.create_causal_mask(m, offset=t - m, left_padding=mx.array([0, 11]))
         for mask in ("causal", keep):
             want = reference(q, keys, values, mask, bits, 32)
+            floats = (unpack(keys, bits, 32), unpack(values, bits, 32))
+            fused = ext.sdpa_prefill(
+                q,
+                *floats,
+                0.125,
+                isinstance(mask, str),
+                None if isinstance(mask, str) else mx.broadcast_to(mask, (2, 1, m, t)),
+            )
+            monkeypatch.setattr(ext, "dequantize", counted)
             got = attention.scaled_dot_product_attention(
                 mx.array(q), keys, values, cache, 0.125, mask
             )
+            monkeypatch.setattr(ext, "dequantize", original)
             close(got, want)
-    assert unpacked == [(2 * 3 * t, 16)] * 4 + [(2 * 3 * t, 8)] * 4  # K, V; 2 masks; 8, 4 bits
+            assert same_bits(got, fused)
+    assert unpacked == []
+    ext.set_isa("scalar")
+    monkeypatch.setattr(ext, "dequantize", counted)
+    try:
+        cache, keys, values = cached(2, 3, t, 64, 8, 32, seed=1)
+        q = mx.random.normal((2, 9, 7, 64), key=mx.random.key(1))
+        got = attention.scaled_dot_product_attention(
+            mx.array(q), keys, values, cache, 0.125, "causal"
+        )
+        close(got, reference(q, keys, values, "causal", 8, 32))
+    finally:
+        ext.set_isa("best")
+    assert unpacked == [(2 * 3 * t, 16)] * 2  # K and V
     cache, keys, values = cached(1, 3, 50, 64, 8, 32)
     q = mx.random.normal((1, 9, 6, 64))
     additive = mx.zeros((1, 1, 6, 50))

@@ -27,6 +27,59 @@ mx::Stream cpu_stream(const std::ostringstream& msg, const char* op, mx::StreamO
   return vllm_mlx_kernels::cpu_stream(s, op); // strided.h's (this overload hides it)
 }
 
+// What is wrong with k and v as quantized triples for q's batch, heads and head dim (the
+// first problem found), or nothing: bits 4 or 8, groups of 32, 64 or 128, MLX's layout.
+void check_quantized_kv(std::ostringstream& msg, const mx::array& q,
+                        const std::vector<mx::array>& k, const std::vector<mx::array>& v,
+                        int group_size, int bits) {
+  auto triple_ok = [&](const std::vector<mx::array>& t) {
+    return t.size() == 3 && t[0].dtype() == mx::uint32 && t[1].dtype() == mx::float32 &&
+           t[2].dtype() == mx::float32 && t[0].ndim() == 4 && t[1].ndim() == 4 &&
+           t[2].ndim() == 4 && t[1].shape() == t[2].shape() &&
+           t[0].shape(0) == t[1].shape(0) && t[0].shape(1) == t[1].shape(1) &&
+           t[0].shape(2) == t[1].shape(2);
+  };
+  if (!triple_ok(k) || !triple_ok(v)) {
+    msg << "k and v must each be (uint32 words, float32 scales, float32 biases), 4-D, "
+        << "one (batch, heads, positions)";
+  } else if (k[0].shape(0) != q.shape(0) || v[0].shape(0) != q.shape(0)) {
+    msg << "q, k and v must have one batch size";
+  } else if (k[0].shape(1) != v[0].shape(1) || q.shape(1) % k[0].shape(1) != 0) {
+    msg << "k and v must have one head count that divides q's (" << q.shape(1) << ")";
+  } else if (k[0].shape(2) != v[0].shape(2) || k[0].shape(2) < 1) {
+    msg << "k and v must have one length of at least 1";
+  } else if (static_cast<int64_t>(k[0].shape(3)) * 32 / bits != q.shape(3) ||
+             q.shape(3) % group_size != 0 || k[1].shape(3) != q.shape(3) / group_size) {
+    msg << "k's words, scales and biases must hold q's head dim (" << q.shape(3) << ") at "
+        << bits << " bits in groups of " << group_size;
+  } else if (v[0].shape(3) < 1 || (v[0].shape(3) * 32 / bits) % group_size != 0 ||
+             v[1].shape(3) != v[0].shape(3) * 32 / bits / group_size) {
+    msg << "v's words, scales and biases must hold whole groups of " << group_size;
+  }
+}
+
+void check_bits(std::ostringstream& msg, int group_size, int bits) {
+  if (bits != 4 && bits != 8) {
+    msg << "bits must be 4 or 8, not " << bits;
+  } else if (group_size != 32 && group_size != 64 && group_size != 128) {
+    msg << "group_size must be 32, 64 or 128, not " << group_size;
+  }
+}
+
+// A prefill mask: bool (1 or the batch, 1, queries, keys).
+bool prefill_mask_ok(const std::optional<mx::array>& mask, int B, int M, int L) {
+  return !mask || (mask->dtype() == mx::bool_ && mask->ndim() == 4 && mask->shape(1) == 1 &&
+                   mask->shape(2) == M && mask->shape(3) == L &&
+                   (mask->shape(0) == 1 || mask->shape(0) == B));
+}
+
+QuantizedRows quantized_rows(const Rows<uint32_t>& w, const Rows<float>& s,
+                             const Rows<float>& b) {
+  return {w.data, {w.strides[0], w.strides[1], w.strides[2]},
+          s.data, {s.strides[0], s.strides[1], s.strides[2]},
+          b.data, {b.strides[0], b.strides[1], b.strides[2]}};
+}
+
 } // namespace
 
 mx::array sdpa_decode(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
@@ -87,9 +140,7 @@ mx::array sdpa_prefill(const mx::array& q, const mx::array& k, const mx::array& 
     msg << "k and v must have one length of at least 1";
   } else if (k.shape(3) != q.shape(3) || q.shape(3) < 1 || v.shape(3) < 1) {
     msg << "k's head dim must equal q's (" << q.shape(3) << ")";
-  } else if (mask && (mask->dtype() != mx::bool_ || mask->ndim() != 4 || mask->shape(1) != 1 ||
-                      mask->shape(2) != q.shape(2) || mask->shape(3) != k.shape(2) ||
-                      (mask->shape(0) != 1 && mask->shape(0) != q.shape(0)))) {
+  } else if (!prefill_mask_ok(mask, q.shape(0), q.shape(2), k.shape(2))) {
     msg << "mask must be bool (1 or batch, 1, queries, keys)";
   }
   auto stream = cpu_stream(msg, "sdpa_prefill", s);
@@ -102,6 +153,33 @@ mx::array sdpa_prefill(const mx::array& q, const mx::array& k, const mx::array& 
                    std::move(inputs));
 }
 
+mx::array sdpa_prefill_quantized(const mx::array& q, const std::vector<mx::array>& k,
+                                 const std::vector<mx::array>& v, float scale,
+                                 int group_size, int bits, bool causal,
+                                 const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
+  std::ostringstream msg;
+  check_bits(msg, group_size, bits);
+  if (msg.str().empty()) {
+    if (q.dtype() != mx::float32 || q.ndim() != 4 || q.shape(2) < 1) {
+      msg << "q must be 4-D float32 (batch, heads, positions, head dim), at least one position";
+    } else {
+      check_quantized_kv(msg, q, k, v, group_size, bits);
+    }
+  }
+  if (msg.str().empty() && !prefill_mask_ok(mask, q.shape(0), q.shape(2), k[0].shape(2))) {
+    msg << "mask must be bool (1 or batch, 1, queries, keys)";
+  }
+  auto stream = cpu_stream(msg, "sdpa_prefill_quantized", s);
+  std::vector<mx::array> inputs{q, k[0], k[1], k[2], v[0], v[1], v[2]};
+  if (mask) {
+    inputs.push_back(mx::contiguous(*mask, false, s));
+  }
+  const int Dv = v[0].shape(3) * 32 / bits;
+  return mx::array({q.shape(0), q.shape(1), q.shape(2), Dv}, mx::float32,
+                   std::make_shared<PrefillAttention>(stream, scale, causal, bits, group_size),
+                   std::move(inputs));
+}
+
 void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -109,6 +187,10 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
     encoder.set_input_array(a);
   }
   encoder.set_output_array(out);
+  if (bits_ != 0) {
+    eval_quantized(inputs, out);
+    return;
+  }
   const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
   auto qv = rows_of<float>(q, encoder), kv = rows_of<float>(k, encoder);
   auto vv = rows_of<float>(v, encoder);
@@ -137,42 +219,55 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
   });
 }
 
+void PrefillAttention::eval_quantized(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  const auto& q = inputs[0];
+  auto qv = rows_of<float>(q, encoder);
+  auto kw = rows_of<uint32_t>(inputs[1], encoder), vw = rows_of<uint32_t>(inputs[4], encoder);
+  auto ks = rows_of<float>(inputs[2], encoder), kb = rows_of<float>(inputs[3], encoder);
+  auto vs = rows_of<float>(inputs[5], encoder), vb = rows_of<float>(inputs[6], encoder);
+  PrefillProblem p{};
+  p.q = qv.data;
+  std::copy(qv.strides, qv.strides + 3, p.q_strides);
+  p.kq = quantized_rows(kw, ks, kb);
+  p.vq = quantized_rows(vw, vs, vb);
+  p.bits = bits_;
+  p.group_size = group_size_;
+  p.mask = inputs.size() > 7 ? inputs[7].data<bool>() : nullptr;
+  p.mask_batches = inputs.size() > 7 ? inputs[7].shape(0) : 1;
+  p.causal = causal_;
+  p.out = out.data<float>();
+  p.B = q.shape(0);
+  p.Hq = q.shape(1);
+  p.Hkv = inputs[1].shape(1);
+  p.M = q.shape(2);
+  p.L = inputs[1].shape(2);
+  p.D = q.shape(3);
+  p.Dv = out.shape(3);
+  p.scale = scale_;
+  encoder.dispatch([p, qv, kw, ks, kb, vw, vs, vb]() {
+    fill_all(qv, kw, ks, kb, vw, vs, vb);
+    sdpa_prefill(p);
+  });
+}
+
 mx::array sdpa_decode_quantized(const mx::array& q, const std::vector<mx::array>& k,
                                 const std::vector<mx::array>& v, float scale, int group_size,
                                 int bits, const std::optional<mx::array>& mask, bool causal,
                                 mx::StreamOrDevice s) {
   std::ostringstream msg;
-  auto triple_ok = [&](const std::vector<mx::array>& t) {
-    return t.size() == 3 && t[0].dtype() == mx::uint32 && t[1].dtype() == mx::float32 &&
-           t[2].dtype() == mx::float32 && t[0].ndim() == 4 && t[1].ndim() == 4 &&
-           t[2].ndim() == 4 && t[1].shape() == t[2].shape() &&
-           t[0].shape(0) == t[1].shape(0) && t[0].shape(1) == t[1].shape(1) &&
-           t[0].shape(2) == t[1].shape(2);
-  };
-  if (bits != 4 && bits != 8) {
-    msg << "bits must be 4 or 8, not " << bits;
-  } else if (group_size != 32 && group_size != 64 && group_size != 128) {
-    msg << "group_size must be 32, 64 or 128, not " << group_size;
-  } else if (q.dtype() != mx::float32 || q.ndim() != 4) {
-    msg << "q must be 4-D float32 (batch, heads, positions, head dim)";
-  } else if (q.shape(2) < 1 || q.shape(2) > kMaxDecodeQueries) {
-    msg << "q must have 1 to " << kMaxDecodeQueries << " positions, not " << q.shape(2);
-  } else if (!triple_ok(k) || !triple_ok(v)) {
-    msg << "k and v must each be (uint32 words, float32 scales, float32 biases), 4-D, "
-        << "one (batch, heads, positions)";
-  } else if (k[0].shape(0) != q.shape(0) || v[0].shape(0) != q.shape(0)) {
-    msg << "q, k and v must have one batch size";
-  } else if (k[0].shape(1) != v[0].shape(1) || q.shape(1) % k[0].shape(1) != 0) {
-    msg << "k and v must have one head count that divides q's (" << q.shape(1) << ")";
-  } else if (k[0].shape(2) != v[0].shape(2) || k[0].shape(2) < 1) {
-    msg << "k and v must have one length of at least 1";
-  } else if (static_cast<int64_t>(k[0].shape(3)) * 32 / bits != q.shape(3) ||
-             q.shape(3) % group_size != 0 || k[1].shape(3) != q.shape(3) / group_size) {
-    msg << "k's words, scales and biases must hold q's head dim (" << q.shape(3) << ") at "
-        << bits << " bits in groups of " << group_size;
-  } else if (v[0].shape(3) < 1 || (v[0].shape(3) * 32 / bits) % group_size != 0 ||
-             v[1].shape(3) != v[0].shape(3) * 32 / bits / group_size) {
-    msg << "v's words, scales and biases must hold whole groups of " << group_size;
+  check_bits(msg, group_size, bits);
+  if (msg.str().empty()) {
+    if (q.dtype() != mx::float32 || q.ndim() != 4) {
+      msg << "q must be 4-D float32 (batch, heads, positions, head dim)";
+    } else if (q.shape(2) < 1 || q.shape(2) > kMaxDecodeQueries) {
+      msg << "q must have 1 to " << kMaxDecodeQueries << " positions, not " << q.shape(2);
+    } else {
+      check_quantized_kv(msg, q, k, v, group_size, bits);
+    }
+  }
+  if (!msg.str().empty()) {
+    // the first problem is named
   } else if (mask && mask->dtype() != mx::bool_ && !mx::issubdtype(mask->dtype(), mx::floating)) {
     msg << "mask must be bool or floating point";
   } else if (mask && causal) {
@@ -196,12 +291,8 @@ void DecodeAttention::eval_quantized(const std::vector<mx::array>& inputs, mx::a
   auto vs = rows_of<float>(inputs[5], encoder), vb = rows_of<float>(inputs[6], encoder);
   AttnProblem p{};
   set_shared(p, qv, inputs, 7, inputs[1], out, scale_, causal_);
-  p.kq = {kw.data, {kw.strides[0], kw.strides[1], kw.strides[2]},
-          ks.data, {ks.strides[0], ks.strides[1], ks.strides[2]},
-          kb.data, {kb.strides[0], kb.strides[1], kb.strides[2]}};
-  p.vq = {vw.data, {vw.strides[0], vw.strides[1], vw.strides[2]},
-          vs.data, {vs.strides[0], vs.strides[1], vs.strides[2]},
-          vb.data, {vb.strides[0], vb.strides[1], vb.strides[2]}};
+  p.kq = quantized_rows(kw, ks, kb);
+  p.vq = quantized_rows(vw, vs, vb);
   p.bits = bits_;
   p.group_size = group_size_;
   encoder.dispatch([p, qv, kw, ks, kb, vw, vs, vb]() {

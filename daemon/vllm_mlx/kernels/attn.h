@@ -88,10 +88,30 @@ mx::array sdpa_prefill(
     const std::optional<mx::array>& mask = std::nullopt,
     mx::StreamOrDevice s = {});
 
+// sdpa_prefill over a quantized KV cache, read in place a block of keys at a time: k and
+// v are MLX's affine triples as sdpa_decode_quantized takes them; q, causal and mask as
+// sdpa_prefill's. The bits of sdpa_prefill over the dequantized K and V.
+mx::array sdpa_prefill_quantized(
+    const mx::array& q,
+    const std::vector<mx::array>& k,
+    const std::vector<mx::array>& v,
+    float scale,
+    int group_size,
+    int bits,
+    bool causal,
+    const std::optional<mx::array>& mask = std::nullopt,
+    mx::StreamOrDevice s = {});
+
 class PrefillAttention : public mx::UnaryPrimitive {
  public:
-  PrefillAttention(mx::Stream stream, float scale, bool causal)
-      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal) {}
+  // bits 0: float32 K and V; 4 or 8: quantized triples (sdpa_prefill_quantized).
+  PrefillAttention(mx::Stream stream, float scale, bool causal, int bits = 0,
+                   int group_size = 0)
+      : mx::UnaryPrimitive(stream),
+        scale_(scale),
+        causal_(causal),
+        bits_(bits),
+        group_size_(group_size) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -101,12 +121,17 @@ class PrefillAttention : public mx::UnaryPrimitive {
   }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const PrefillAttention&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_;
+    return scale_ == o.scale_ && causal_ == o.causal_ && bits_ == o.bits_ &&
+           group_size_ == o.group_size_;
   }
 
  private:
+  void eval_quantized(const std::vector<mx::array>& inputs, mx::array& out);
+
   float scale_;
   bool causal_;
+  int bits_;
+  int group_size_;
 };
 
 class PrefillSoftmax : public mx::UnaryPrimitive {

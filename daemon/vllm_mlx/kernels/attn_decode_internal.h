@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "attn_kernel.h"
+
 namespace vllm_mlx_kernels::decode {
 
 constexpr int kBlock = 4; // query heads per pass over K and V (registers: see the PV loops)
@@ -28,6 +30,15 @@ struct Steps {
   PvFn pv;
   DequantFn dequant;
 };
+
+// Rows [t0, t0 + n) of sequence b, KV head kh of a quantized K or V into out ([n][dim],
+// row-major), one `dequant` call a row (attn_kernel.cpp; the prefill attention's key
+// blocks use it too).
+void dequant_rows(const QuantizedRows& rows, DequantFn dequant, int group_size, int bits,
+                  int b, int kh, int t0, int n, int dim, float* out);
+
+// The dequantization of the instruction set isa() names (the AVX-512 steps use AVX2's).
+DequantFn dequant_for_isa();
 
 // The portable steps (attn_kernel.cpp); the AVX2 dequantization falls back to them for
 // other widths than 4 and 8 bits.

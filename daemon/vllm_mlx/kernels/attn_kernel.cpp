@@ -79,6 +79,20 @@ Steps steps_scalar() {
   return {scores_scalar, pv_scalar, dequant_scalar};
 }
 
+void dequant_rows(const QuantizedRows& rows, DequantFn dequant, int group_size, int bits,
+                  int b, int kh, int t0, int n, int dim, float* out) {
+  for (int i = 0; i < n; ++i) {
+    const int64_t t = t0 + i;
+    const uint32_t* w = rows.words + b * rows.words_strides[0] + kh * rows.words_strides[1] +
+                        t * rows.words_strides[2];
+    const float* sc = rows.scales + b * rows.scales_strides[0] + kh * rows.scales_strides[1] +
+                      t * rows.scales_strides[2];
+    const float* bi = rows.biases + b * rows.biases_strides[0] + kh * rows.biases_strides[1] +
+                      t * rows.biases_strides[2];
+    dequant(w, sc, bi, dim, group_size, bits, out + static_cast<size_t>(i) * dim);
+  }
+}
+
 } // namespace decode
 
 namespace {
@@ -240,21 +254,6 @@ Kernels kernels() {
 // of 64 floats: 16 KB). A quantized tile is unpacked into a buffer this long.
 constexpr int kPositions = 64;
 
-// Rows [t0, t0 + n) of sequence b, KV head kh into out ([n][D], row-major).
-void dequant_rows(const QuantizedRows& rows, const Kernels& kern, int b, int kh, int t0, int n,
-                  int D, const AttnProblem& p, float* out) {
-  for (int i = 0; i < n; ++i) {
-    const int64_t t = t0 + i;
-    const uint32_t* w = rows.words + b * rows.words_strides[0] + kh * rows.words_strides[1] +
-                        t * rows.words_strides[2];
-    const float* sc = rows.scales + b * rows.scales_strides[0] + kh * rows.scales_strides[1] +
-                      t * rows.scales_strides[2];
-    const float* bi = rows.biases + b * rows.biases_strides[0] + kh * rows.biases_strides[1] +
-                      t * rows.biases_strides[2];
-    kern.dequant(w, sc, bi, D, p.group_size, p.bits, out + static_cast<size_t>(i) * D);
-  }
-}
-
 // One (sequence b, KV head kh): its G query heads x M positions, rows r = g * M + m (the
 // output's order), in blocks of kBlock rows per pass over a tile of K or V. Three steps:
 // the scores of a range of positions, the softmax of a range of rows, P.V for a range of
@@ -333,7 +332,8 @@ struct Unit {
       return base + t0 * strides[2];
     }
     const int dim = keys ? q.D : q.Dv;
-    dequant_rows(keys ? q.kq : q.vq, kern, b, kh, t0, n, dim, q, rows);
+    decode::dequant_rows(keys ? q.kq : q.vq, kern.dequant, q.group_size, q.bits, b, kh, t0, n,
+                         dim, rows);
     stride = dim;
     return rows;
   }
@@ -470,6 +470,10 @@ bool share_units(const AttnProblem& p, int units, int n_threads) {
 }
 
 } // namespace
+
+decode::DequantFn decode::dequant_for_isa() {
+  return kernels().dequant;
+}
 
 void sdpa_decode(const AttnProblem& p) {
   const Kernels kern = kernels(); // one instruction set for the whole call

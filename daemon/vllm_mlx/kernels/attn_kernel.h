@@ -109,6 +109,12 @@ struct PrefillProblem {
   int D;
   int Dv;
   float scale;
+  // A quantized cache (bits 4 or 8, group_size 32, 64 or 128): K and V are read from kq
+  // and vq instead of k and v, a block of keys dequantized at a time.
+  int bits = 0;
+  int group_size = 0;
+  QuantizedRows kq{};
+  QuantizedRows vq{};
 };
 
 void sdpa_prefill(const PrefillProblem& p);

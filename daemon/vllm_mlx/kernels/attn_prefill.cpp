@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "act_kernel.h"
+#include "attn_decode_internal.h"
 #include "attn_kernel.h"
 #include "attn_prefill_internal.h"
 #include "qmm_kernel.h"
@@ -219,6 +220,7 @@ void group_bias(const float* base, int nk, const Lanes& lanes, int heads, int W,
 
 struct Scratch {
   std::vector<float> qt, s, base, bias, alpha, acc;
+  std::vector<float> keys, values; // a quantized cache's key block, dequantized
 };
 
 // One unit: sequence b, queries [q0, q0 + nq), the G query heads from the g0-th of KV
@@ -249,8 +251,8 @@ struct State {
 };
 
 // Keys [kb_begin, kb_end) of the unit, from a fresh state (m = -inf, l = 0, ot = 0).
-void attend_keys(const Unit& u, const Ops& op, int kb_begin, int kb_end, float* state,
-                 Scratch& w) {
+void attend_keys(const Unit& u, const Ops& op, decode::DequantFn dequant, int kb_begin,
+                 int kb_end, float* state, Scratch& w) {
   const PrefillProblem& p = *u.p;
   const int D = p.D, Dv = p.Dv, groups = u.groups();
   const Lanes lanes = u.lanes();
@@ -277,14 +279,31 @@ void attend_keys(const Unit& u, const Ops& op, int kb_begin, int kb_end, float* 
       }
     }
   }
-  const float* k = p.k + u.b * p.k_strides[0] + u.kh * p.k_strides[1];
-  const float* v = p.v + u.b * p.v_strides[0] + u.kh * p.v_strides[1];
-  const int64_t kst = p.k_strides[2], vst = p.v_strides[2];
+  const bool quantized = p.bits != 0;
+  if (quantized) {
+    w.keys.resize(static_cast<size_t>(kK) * D);
+    w.values.resize(static_cast<size_t>(kK) * Dv);
+  }
   for (int kb = kb_begin; kb < kb_end; kb += kK) {
     const int nk = std::min(kK, kb_end - kb);
     Block kind = classify(p, u.b, u.q0, nq, kb, nk, w.base.data());
     if (kind == Block::skip) {
       continue;
+    }
+    // The block's K and V: in place, or a quantized cache's rows dequantized (the floats
+    // MLX's dequantize gives, so the bits of the float kernel over the unpacked cache).
+    const float *k = w.keys.data(), *v = w.values.data();
+    int64_t kst = D, vst = Dv;
+    if (quantized) {
+      decode::dequant_rows(p.kq, dequant, p.group_size, p.bits, u.b, u.kh, kb, nk, D,
+                           w.keys.data());
+      decode::dequant_rows(p.vq, dequant, p.group_size, p.bits, u.b, u.kh, kb, nk, Dv,
+                           w.values.data());
+    } else {
+      k = p.k + u.b * p.k_strides[0] + u.kh * p.k_strides[1] + kb * p.k_strides[2];
+      v = p.v + u.b * p.v_strides[0] + u.kh * p.v_strides[1] + kb * p.v_strides[2];
+      kst = p.k_strides[2];
+      vst = p.v_strides[2];
     }
     for (int group = 0; group < groups; ++group) {
       const int W = lanes.width(u.heads_of(group));
@@ -293,10 +312,10 @@ void attend_keys(const Unit& u, const Ops& op, int kb_begin, int kb_end, float* 
         group_bias(w.base.data(), nk, lanes, u.heads_of(group), W, w.bias.data());
         bias = w.bias.data();
       }
-      op.qk(w.qt.data() + static_cast<size_t>(group) * D * kQ, W, D, k + kb * kst, kst, nk,
-            bias, w.s.data());
+      op.qk(w.qt.data() + static_cast<size_t>(group) * D * kQ, W, D, k, kst, nk, bias,
+            w.s.data());
       op.online(w.s.data(), W, nk, st.m + group * kQ, st.l + group * kQ, w.alpha.data());
-      op.pv(w.s.data(), W, nk, v + kb * vst, vst, Dv, w.alpha.data(),
+      op.pv(w.s.data(), W, nk, v, vst, Dv, w.alpha.data(),
             st.ot + static_cast<size_t>(group) * Dv * kQ, w.acc.data());
     }
   }
@@ -357,16 +376,21 @@ void combine(const Unit& u, float* states, int parts) {
 }
 
 // The unit's output rows from its final state.
-void finish(const Unit& u, float* state) {
+void finish(const Unit& u, decode::DequantFn dequant, float* state) {
   const PrefillProblem& p = *u.p;
   const int Dv = p.Dv;
   const Lanes lanes = u.lanes();
   const int nq = lanes.nq;
   State st(u, state);
-  const float* v = p.v + u.b * p.v_strides[0] + u.kh * p.v_strides[1];
-  const int64_t vst = p.v_strides[2];
   // A query that saw no key: MLX's uniform softmax over every key, the mean of V.
-  std::vector<float> mean;
+  std::vector<float> mean, row(p.bits != 0 ? Dv : 0);
+  auto v_row = [&](int t) -> const float* {
+    if (p.bits == 0) {
+      return p.v + u.b * p.v_strides[0] + u.kh * p.v_strides[1] + t * p.v_strides[2];
+    }
+    decode::dequant_rows(p.vq, dequant, p.group_size, p.bits, u.b, u.kh, t, 1, Dv, row.data());
+    return row.data();
+  };
   for (int g = 0; g < u.G; ++g) {
     const int group = g / u.packed, lane0 = g % u.packed * nq;
     const int W = lanes.width(u.heads_of(group));
@@ -381,8 +405,9 @@ void finish(const Unit& u, float* state) {
           mean.assign(Dv, 0.0f);
           const float uniform = 1.0f / static_cast<float>(p.L);
           for (int t = 0; t < p.L; ++t) {
+            const float* vt = v_row(t);
             for (int c = 0; c < Dv; ++c) {
-              mean[c] += uniform * v[t * vst + c];
+              mean[c] += uniform * vt[c];
             }
           }
         }
@@ -401,6 +426,7 @@ void finish(const Unit& u, float* state) {
 
 void sdpa_prefill(const PrefillProblem& p) {
   const Ops op = ops(); // one instruction set for the whole call
+  const decode::DequantFn dequant = p.bits != 0 ? decode::dequant_for_isa() : nullptr;
   const int G = p.Hq / p.Hkv;
   const int blocks = (p.M + kQ - 1) / kQ;
   // The matmul's rule (qmm_kernel.cpp): small work stays on the calling thread (at twice
@@ -441,8 +467,8 @@ void sdpa_prefill(const PrefillProblem& p) {
       thread_local std::vector<float> state;
       const Unit unit = unit_of(u);
       state.resize(unit.state_floats());
-      attend_keys(unit, op, 0, unit.key_end(), state.data(), scratch);
-      finish(unit, state.data());
+      attend_keys(unit, op, dequant, 0, unit.key_end(), state.data(), scratch);
+      finish(unit, dequant, state.data());
     };
     n_threads = std::min(n_threads, units);
     if (n_threads <= 1) {
@@ -463,13 +489,13 @@ void sdpa_prefill(const PrefillProblem& p) {
     thread_local Scratch scratch;
     const int u = item / parts, part = item % parts;
     const int kb_end = part == parts - 1 ? key_end : (part + 1) * kSplitKeys;
-    attend_keys(unit_of(u), op, part * kSplitKeys, kb_end,
+    attend_keys(unit_of(u), op, dequant, part * kSplitKeys, kb_end,
                 all_states + per_state * (static_cast<size_t>(u) * parts + part), scratch);
   };
   auto fold = [&](int u) {
     float* first = all_states + per_state * static_cast<size_t>(u) * parts;
     combine(unit_of(u), first, parts);
-    finish(unit_of(u), first);
+    finish(unit_of(u), dequant, first);
   };
   n_threads = std::min(n_threads, units * parts);
   if (n_threads <= 1) {

@@ -69,6 +69,11 @@ NB_MODULE(_qmm, m) {
   m.def("sdpa_prefill", &vllm_mlx_kernels::sdpa_prefill, "q"_a, "k"_a, "v"_a, "scale"_a,
         "causal"_a, "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "Fused causal / masked float32 attention for several query positions (prefill).");
+  m.def("sdpa_prefill_quantized", &vllm_mlx_kernels::sdpa_prefill_quantized, "q"_a, "k"_a,
+        "v"_a, "scale"_a, "group_size"_a, "bits"_a, "causal"_a, "mask"_a = nb::none(),
+        nb::kw_only(), "stream"_a = nb::none(),
+        "sdpa_prefill over a quantized KV cache: k and v are (words, scales, biases) "
+        "triples, a block of keys dequantized at a time.");
   m.def(
       "decoder_attention_inputs",
       [](const mx::array& x, const mx::array& norm_weight, float eps,

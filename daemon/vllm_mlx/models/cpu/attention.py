@@ -117,6 +117,11 @@ def _prefills(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, m
         and mx.default_device().type == mx.DeviceType.cpu
     ):
         return False
+    return _prefill_mask(mask, queries, keys.shape[2])
+
+
+def _prefill_mask(mask: Any, queries: mx.array, length: int) -> bool:
+    """A mask the prefill kernels take: none, causal, or bool (1 or batch, 1, M, keys)."""
     if mask is None or (isinstance(mask, str) and mask == "causal"):
         return True
     return (
@@ -125,7 +130,7 @@ def _prefills(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, m
         and mask.ndim == 4
         and mask.shape[1] == 1
         and mask.shape[2] == queries.shape[2]
-        and mask.shape[3] == keys.shape[2]
+        and mask.shape[3] == length
         and mask.shape[0] in (1, queries.shape[0])
     )
 
@@ -169,6 +174,8 @@ def scaled_dot_product_attention(
         if sinks is None and _decodes_quantized(queries, keys, values, cache, mask):
             return _quantized_decode(queries, keys, values, cache, scale, mask)
         if sinks is None and _prefill_kernel and _readable(keys, values, cache):
+            if _prefills_quantized(queries, keys, mask):
+                return _quantized_prefill(queries, keys, values, cache, scale, mask)
             unpacked_keys, unpacked_values = _unpacked(keys, cache), _unpacked(values, cache)
             if _prefills(queries, unpacked_keys, unpacked_values, None, mask):
                 return _prefill_attention(queries, unpacked_keys, unpacked_values, scale, mask)
@@ -219,6 +226,32 @@ def _decodes_quantized(queries: mx.array, keys: Any, values: Any, cache: Any, ma
         and queries.dtype == mx.float32
         and _readable(keys, values, cache)
     )
+
+
+def _prefills_quantized(queries: mx.array, keys: Any, mask: Any) -> bool:
+    """A chunk the fused kernel reads from the quantized cache in place (a key block
+    dequantized at a time), where the float path would unpack the whole cache first."""
+    return (
+        queries.ndim == 4
+        and queries.shape[2] >= FUSED_MIN_QUERIES
+        and queries.dtype == mx.float32
+        and _fused_kernel()
+        and hasattr(qmm.extension(), "sdpa_prefill_quantized")
+        and _prefill_mask(mask, queries, keys[0].shape[2])
+    )
+
+
+def _quantized_prefill(
+    queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any
+) -> mx.array:
+    ext = qmm.extension()
+    causal = isinstance(mask, str)
+    array_mask = mask if isinstance(mask, mx.array) else None
+    out: mx.array = ext.sdpa_prefill_quantized(
+        queries, tuple(keys), tuple(values), scale, cache.group_size, cache.bits, causal,
+        array_mask,
+    )  # fmt: skip
+    return out
 
 
 def _unpacked(triple: Any, cache: Any) -> mx.array:
