@@ -9,10 +9,12 @@ in one node and one pass over each sequence's K and V, read in place from the ca
 
 A quantized KV cache (`kv_cache.bits`: K and V as MLX's affine triples of words, scales
 and biases) goes to `sdpa_decode_quantized`, the same kernel reading the packed rows in
-place and unpacking 64 positions at a time into a small buffer. mlx_lm's own path for it
-is two MLX CPU quantized matmuls (plain loops): at a 4k context a decode step of the
-bundled model took 157-227 ms with it, 31-33 ms with the kernel, less than float32 K/V's
-39 ms, since a quarter (8-bit) or an eighth (4-bit) of the bytes cross the memory bus.
+place and unpacking 64 positions at a time into a small buffer; a longer chunk to
+`sdpa_prefill_quantized`, the fused prefill kernel reading them the same way. mlx_lm's
+own path for it is two MLX CPU quantized matmuls (plain loops): at a 4k context a decode
+step of the bundled model took 157-227 ms with it, 31-33 ms with the kernel, less than
+float32 K/V's 39 ms, since a quarter (8-bit) or an eighth (4-bit) of the bytes cross the
+memory bus.
 
 A row's arithmetic never depends on its batch: a bool mask's leading excluded keys (a
 batch cache's left padding) are left out of the softmax's 16 lanes, so a row gets the
@@ -256,9 +258,10 @@ def _quantized_prefill(
 
 def _unpacked(triple: Any, cache: Any) -> mx.array:
     """A quantized cache's K or V as float32 (B, H, T, D), unpacked on every core: for a
-    prefill chunk, whose queries go to the float kernels. MLX's quantized matmuls are
-    plain loops on the CPU: a 512-token chunk at a 1,536-token offset took 29.9 s through
-    them against 3.7 s with float32 K/V (docs/benchmarks.md, round 14)."""
+    prefill chunk on a CPU without the fused kernel's register tiles (elsewhere
+    `sdpa_prefill_quantized` reads the packed rows a key block at a time). MLX's quantized
+    matmuls are plain loops on the CPU: a 512-token chunk at a 1,536-token offset took
+    29.9 s through them against 3.7 s with float32 K/V (docs/benchmarks.md, round 14)."""
     words, scales, biases = triple
     rows = words.shape[0] * words.shape[1] * words.shape[2]
     flat = qmm.extension().dequantize(
