@@ -80,6 +80,67 @@ QuantizedRows quantized_rows(const Rows<uint32_t>& w, const Rows<float>& s,
           b.data, {b.strides[0], b.strides[1], b.strides[2]}};
 }
 
+// A quantized op's K and V (inputs 1-3 and 4-6: words, scales, biases) as the kernels
+// read them.
+struct QuantizedKV {
+  Rows<uint32_t> kw, vw;
+  Rows<float> ks, kb, vs, vb;
+  QuantizedKV(const std::vector<mx::array>& inputs, mx::cpu::CommandEncoder& encoder)
+      : kw(rows_of<uint32_t>(inputs[1], encoder)),
+        vw(rows_of<uint32_t>(inputs[4], encoder)),
+        ks(rows_of<float>(inputs[2], encoder)),
+        kb(rows_of<float>(inputs[3], encoder)),
+        vs(rows_of<float>(inputs[5], encoder)),
+        vb(rows_of<float>(inputs[6], encoder)) {}
+  QuantizedRows keys() const { return quantized_rows(kw, ks, kb); }
+  QuantizedRows values() const { return quantized_rows(vw, vs, vb); }
+  void fill() const { fill_all(kw, ks, kb, vw, vs, vb); }
+};
+
+// What the float and quantized prefill problems share: q, the mask (inputs[mask_at], if
+// there), the causal flag, the output and the sizes; K's heads and positions from `kv`
+// (K itself, or its packed words).
+void set_shared(PrefillProblem& p, const Rows<float>& qv, const std::vector<mx::array>& inputs,
+                size_t mask_at, const mx::array& kv, mx::array& out, float scale, bool causal) {
+  const auto& q = inputs[0];
+  p.q = qv.data;
+  std::copy(qv.strides, qv.strides + 3, p.q_strides);
+  p.mask = inputs.size() > mask_at ? inputs[mask_at].data<bool>() : nullptr;
+  p.mask_batches = inputs.size() > mask_at ? inputs[mask_at].shape(0) : 1;
+  p.causal = causal;
+  p.out = out.data<float>();
+  p.B = q.shape(0);
+  p.Hq = q.shape(1);
+  p.Hkv = kv.shape(1);
+  p.M = q.shape(2);
+  p.L = kv.shape(2);
+  p.D = q.shape(3);
+  p.Dv = out.shape(3);
+  p.scale = scale;
+}
+
+// A quantized op's task (inputs: q, K's and V's words, scales and biases, then the mask):
+// the problem set up from them, filled in the task, then `run`.
+template <class Problem>
+void dispatch_quantized(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array& out,
+                        float scale, bool causal, int bits, int group_size,
+                        void (*run)(const Problem&)) {
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  auto qv = rows_of<float>(inputs[0], encoder);
+  const QuantizedKV kv(inputs, encoder);
+  Problem p{};
+  set_shared(p, qv, inputs, 7, inputs[1], out, scale, causal);
+  p.kq = kv.keys();
+  p.vq = kv.values();
+  p.bits = bits;
+  p.group_size = group_size;
+  encoder.dispatch([p, qv, kv, run]() {
+    fill_all(qv);
+    kv.fill();
+    run(p);
+  });
+}
+
 } // namespace
 
 mx::array sdpa_decode(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
@@ -195,24 +256,11 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
   auto qv = rows_of<float>(q, encoder), kv = rows_of<float>(k, encoder);
   auto vv = rows_of<float>(v, encoder);
   PrefillProblem p{};
-  p.q = qv.data;
+  set_shared(p, qv, inputs, 3, k, out, scale_, causal_);
   p.k = kv.data;
   p.v = vv.data;
-  std::copy(qv.strides, qv.strides + 3, p.q_strides);
   std::copy(kv.strides, kv.strides + 3, p.k_strides);
   std::copy(vv.strides, vv.strides + 3, p.v_strides);
-  p.mask = inputs.size() > 3 ? inputs[3].data<bool>() : nullptr;
-  p.mask_batches = inputs.size() > 3 ? inputs[3].shape(0) : 1;
-  p.causal = causal_;
-  p.out = out.data<float>();
-  p.B = q.shape(0);
-  p.Hq = q.shape(1);
-  p.Hkv = k.shape(1);
-  p.M = q.shape(2);
-  p.L = k.shape(2);
-  p.D = q.shape(3);
-  p.Dv = v.shape(3);
-  p.scale = scale_;
   encoder.dispatch([p, qv, kv, vv]() {
     fill_all(qv, kv, vv);
     sdpa_prefill(p);
@@ -220,35 +268,8 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
 }
 
 void PrefillAttention::eval_quantized(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  const auto& q = inputs[0];
-  auto qv = rows_of<float>(q, encoder);
-  auto kw = rows_of<uint32_t>(inputs[1], encoder), vw = rows_of<uint32_t>(inputs[4], encoder);
-  auto ks = rows_of<float>(inputs[2], encoder), kb = rows_of<float>(inputs[3], encoder);
-  auto vs = rows_of<float>(inputs[5], encoder), vb = rows_of<float>(inputs[6], encoder);
-  PrefillProblem p{};
-  p.q = qv.data;
-  std::copy(qv.strides, qv.strides + 3, p.q_strides);
-  p.kq = quantized_rows(kw, ks, kb);
-  p.vq = quantized_rows(vw, vs, vb);
-  p.bits = bits_;
-  p.group_size = group_size_;
-  p.mask = inputs.size() > 7 ? inputs[7].data<bool>() : nullptr;
-  p.mask_batches = inputs.size() > 7 ? inputs[7].shape(0) : 1;
-  p.causal = causal_;
-  p.out = out.data<float>();
-  p.B = q.shape(0);
-  p.Hq = q.shape(1);
-  p.Hkv = inputs[1].shape(1);
-  p.M = q.shape(2);
-  p.L = inputs[1].shape(2);
-  p.D = q.shape(3);
-  p.Dv = out.shape(3);
-  p.scale = scale_;
-  encoder.dispatch([p, qv, kw, ks, kb, vw, vs, vb]() {
-    fill_all(qv, kw, ks, kb, vw, vs, vb);
-    sdpa_prefill(p);
-  });
+  dispatch_quantized<PrefillProblem>(stream(), inputs, out, scale_, causal_, bits_, group_size_,
+                                     sdpa_prefill);
 }
 
 mx::array sdpa_decode_quantized(const mx::array& q, const std::vector<mx::array>& k,
@@ -284,21 +305,8 @@ mx::array sdpa_decode_quantized(const mx::array& q, const std::vector<mx::array>
 }
 
 void DecodeAttention::eval_quantized(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  auto qv = rows_of<float>(inputs[0], encoder);
-  auto kw = rows_of<uint32_t>(inputs[1], encoder), vw = rows_of<uint32_t>(inputs[4], encoder);
-  auto ks = rows_of<float>(inputs[2], encoder), kb = rows_of<float>(inputs[3], encoder);
-  auto vs = rows_of<float>(inputs[5], encoder), vb = rows_of<float>(inputs[6], encoder);
-  AttnProblem p{};
-  set_shared(p, qv, inputs, 7, inputs[1], out, scale_, causal_);
-  p.kq = quantized_rows(kw, ks, kb);
-  p.vq = quantized_rows(vw, vs, vb);
-  p.bits = bits_;
-  p.group_size = group_size_;
-  encoder.dispatch([p, qv, kw, ks, kb, vw, vs, vb]() {
-    fill_all(qv, kw, ks, kb, vw, vs, vb);
-  sdpa_decode(p);
-  });
+  dispatch_quantized<AttnProblem>(stream(), inputs, out, scale_, causal_, bits_, group_size_,
+                                  sdpa_decode);
 }
 
 void PrefillAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
