@@ -111,7 +111,9 @@ def variants(args: argparse.Namespace) -> list[Variant]:
         found += [Variant(t, "default", int8=True) for t in args.threads]
         found += [Variant(2, "default", "", m, int8=True) for m in args.parallel_min]
     if args.baseline:
-        found += [Variant(t, "default", args.baseline, int8=args.int8) for t in args.threads]
+        found += [
+            Variant(t, isa, args.baseline, int8=args.int8) for isa in args.isa for t in args.threads
+        ]
     return found
 
 

@@ -1,15 +1,43 @@
 // The AVX2/FMA/F16C tiles (compiled per function with target attributes, chosen at run
-// time by qmm_kernel.cpp). 4-bit weights: x is interleaved in blocks of 16 (qmm_internal.h).
+// time by qmm_kernel.cpp). 4-bit weights: x is interleaved in blocks of 8 (qmm_internal.h),
+// so 8 bytes of weights unpack to the 8 low nibbles, then the 8 high ones.
+//
+// The AVX-512 tiles' arithmetic, 8 lanes wide: every weight is dequantized (s * q + b) and
+// FMA'd into one accumulator per output, reduced once, whatever the tile. So a row gets the
+// same bits alone or in a batch (batch invariance; tests/unit/test_qmm_kernel.py). A tile
+// is MT activation rows x NT output rows with 8 accumulators where the rows allow (1 x 4
+// decoding one sequence, 2 x 4, 3 x 4, 4-7 x 2, 8 x 1): each output row's 16
+// weights are dequantized once for all MT rows.
+//
+// Before (round 11), the tiles summed q * x over a group and scaled the sum
+// (s * sum(q * x) + b * sum(x)): no dequantizing FMAs, but every group of 32 weights ended
+// in a reduction of two accumulators, an FMA into a third and a scalar bias term per row
+// and output, so three registers per row and output and tiles of 4 rows: 17.6 GFMA/s at
+// 16 rows, one core of an Intel Xeon whose 256-bit FMAs peak at 55 (docs/benchmarks.md,
+// round 25). Only the 4-bit weights' unpacking is shared with that form; the bits differ.
 #include "qmm_internal.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <utility>
 
 namespace vllm_mlx_kernels {
 
 namespace {
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// Activation rows the largest tile takes: 8 accumulators (independent FMA chains, enough
+// to cover the FMA latency), one output row's dequantized weights, its scale and bias and
+// the nibble mask fit the 16 vector registers.
+constexpr int kTileRows = 8;
+
+// The weights the multi-row tiles sweep per pass of activation rows: within L2 on every
+// AVX2 core (256 KiB and up), so passes after the first read them from there.
+constexpr size_t kWeightBlockBytes = 128 * 1024;
 
 AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -18,137 +46,185 @@ AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// One scale or bias as float32, converted in the tile's loop (no pass over the row).
-template <ScaleType ST>
-AVX2 inline float load_scale(const void* base, size_t i) {
-  if constexpr (ST == ScaleType::f32) {
-    return static_cast<const float*>(base)[i];
-  } else if constexpr (ST == ScaleType::f16) {
-    return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
-  } else {
-    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-  }
-}
-
-// Scales (or biases) at..at+count-1 (count <= 8) as float32 into dst: exact for each
-// type, so converting 8 at a time gives the same floats as load_scale one by one.
+// Scales (or biases) at..at+count-1 (count <= 8) as float32 into dst, 32-byte aligned.
+// Each conversion is exact, so 8 at a time give the same floats as one at a time.
 template <ScaleType ST>
 AVX2 inline void load_scales(const void* base, size_t at, int count, float* dst) {
-  if constexpr (ST == ScaleType::f16) {
-    if (count == 8) {
-      const auto* h = static_cast<const uint16_t*>(base) + at;
-      _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
-      return;
+  if (count == 8) {
+    const auto* h = static_cast<const uint16_t*>(base) + at;
+    if constexpr (ST == ScaleType::f16) {
+      _mm256_store_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
+    } else if constexpr (ST == ScaleType::bf16) {
+      __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+      _mm256_store_ps(dst, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    } else {
+      _mm256_store_ps(dst, _mm256_loadu_ps(static_cast<const float*>(base) + at));
     }
+    return;
   }
   for (int i = 0; i < count; ++i) {
-    dst[i] = load_scale<ST>(base, at + i);
-  }
-}
-
-// A tile of MT activation rows x NT output rows. Per chunk of 16 weights: unpack once,
-// FMA into every activation row; two accumulators per pair so FMA latency overlaps.
-template <int BITS, int MT, int NT, ScaleType ST>
-AVX2 void tile_avx2(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
-  const int K = p.K;
-  const int gs = p.group_size;
-  const int groups = K / gs;
-  const uint8_t* w[NT];
-  for (int j = 0; j < NT; ++j) {
-    w[j] = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(n0 + j) * K * BITS / 8;
-  }
-  const float* x[MT];
-  const float* xs[MT];
-  for (int i = 0; i < MT; ++i) {
-    x[i] = xp.x.data() + static_cast<size_t>(m0 + i) * K;
-    xs[i] = xp.sums.data() + static_cast<size_t>(m0 + i) * groups;
-  }
-  __m256 tot[MT][NT];
-  float bias[MT][NT];
-  for (int i = 0; i < MT; ++i) {
-    for (int j = 0; j < NT; ++j) {
-      tot[i][j] = _mm256_setzero_ps();
-      bias[i][j] = 0.0f;
-    }
-  }
-  const __m256i low4 = _mm256_set1_epi32(0xf);
-  const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
-  // A tile of one output row (several activation rows) reads it in order: no prefetch.
-  const long ahead = NT > 1 ? g_prefetch_distance.load(std::memory_order_relaxed) : 0;
-  // At one activation row, the next 8 groups' scales and biases of each output row,
-  // converted at once: a group of 32 weights is two steps of the loop below, and its
-  // scalar conversions were a large share of it. Tiles of several rows keep the
-  // conversion per group (the buffer measured 1.1x slower there: register pressure).
-  constexpr bool batched = MT == 1;
-  alignas(32) float scale_at[NT][8];
-  alignas(32) float bias_at[NT][8];
-  for (int g = 0; g < groups; ++g) {
-    prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
-    const int slot = g & 7;
-    if (batched && slot == 0) {
-      const int count = groups - g < 8 ? groups - g : 8;
-      for (int j = 0; j < NT; ++j) {
-        size_t at = static_cast<size_t>(n0 + j) * groups + g;
-        load_scales<ST>(p.scales, at, count, scale_at[j]);
-        load_scales<ST>(p.biases, at, count, bias_at[j]);
-      }
-    }
-    __m256 acc0[MT][NT], acc1[MT][NT];
-    for (int i = 0; i < MT; ++i) {
-      for (int j = 0; j < NT; ++j) {
-        acc0[i][j] = _mm256_setzero_ps();
-        acc1[i][j] = _mm256_setzero_ps();
-      }
-    }
-    for (int k = g * gs; k < (g + 1) * gs; k += 16) {
-      for (int j = 0; j < NT; ++j) {
-        __m256 lo, hi;
-        if constexpr (BITS == 4) {
-          __m256i q = _mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k / 2)));
-          lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, low4));
-          hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
-        } else {
-          lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k))));
-          hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[j] + k + 8))));
-        }
-        for (int i = 0; i < MT; ++i) {
-          acc0[i][j] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x[i] + k), acc0[i][j]);
-          acc1[i][j] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x[i] + k + 8), acc1[i][j]);
-        }
-      }
-    }
-    for (int j = 0; j < NT; ++j) {
-      size_t at = static_cast<size_t>(n0 + j) * groups + g;
-      __m256 scale = batched ? _mm256_broadcast_ss(&scale_at[j][slot])
-                             : _mm256_set1_ps(load_scale<ST>(p.scales, at));
-      float b = batched ? bias_at[j][slot] : load_scale<ST>(p.biases, at);
-      for (int i = 0; i < MT; ++i) {
-        tot[i][j] = _mm256_fmadd_ps(scale, _mm256_add_ps(acc0[i][j], acc1[i][j]), tot[i][j]);
-        bias[i][j] += b * xs[i][g];
-      }
-    }
-  }
-  for (int i = 0; i < MT; ++i) {
-    for (int j = 0; j < NT; ++j) {
-      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = hsum(tot[i][j]) + bias[i][j];
+    if constexpr (ST == ScaleType::f16) {
+      dst[i] = _cvtsh_ss(static_cast<const uint16_t*>(base)[at + i]);
+    } else if constexpr (ST == ScaleType::bf16) {
+      dst[i] = bf16_to_float(static_cast<const uint16_t*>(base)[at + i]);
+    } else {
+      dst[i] = static_cast<const float*>(base)[at + i];
     }
   }
 }
 
-struct Avx2Tiles {
-  template <int BITS, int MT, int NT, ScaleType ST>
-  static void run(const QmmProblem& p, const Prepared& xp, int m0, int n0) {
-    tile_avx2<BITS, MT, NT, ST>(p, xp, m0, n0);
+// The scales of NT output rows, 8 groups at a time: converted at once into a buffer, then
+// each group broadcasts its own from memory (a load, no shuffle).
+template <int NT, ScaleType ST>
+struct GroupScales {
+  alignas(32) float scale[NT][8];
+  alignas(32) float bias[NT][8];
+
+  // Before group g of output rows n0..n0+NT-1: refills the buffer every 8 groups.
+  AVX2 void at_group(const QmmProblem& p, int n0, int groups, int g) {
+    if ((g & 7) != 0) {
+      return;
+    }
+    const int count = groups - g < 8 ? groups - g : 8;
+    for (int j = 0; j < NT; ++j) {
+      load_scales<ST>(p.scales, static_cast<size_t>(n0 + j) * groups + g, count, scale[j]);
+      load_scales<ST>(p.biases, static_cast<size_t>(n0 + j) * groups + g, count, bias[j]);
+    }
+  }
+  AVX2 __m256 s(int j, int g) const {
+    return _mm256_broadcast_ss(&scale[j][g & 7]);
+  }
+  AVX2 __m256 b(int j, int g) const {
+    return _mm256_broadcast_ss(&bias[j][g & 7]);
   }
 };
+
+// The 16 weights of a row from k on as floats (q, not yet scaled), in the order x was
+// prepared in: for 4 bits the 8 low nibbles, then the 8 high ones; for 8 bits bytes
+// k..k+7, then k+8..k+15.
+template <int BITS>
+AVX2 inline void unpack(const uint8_t* w, int k, __m256i low4, __m256& lo, __m256& hi) {
+  if constexpr (BITS == 4) {
+    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k / 2)));
+    lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, low4));
+    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
+  } else {
+    auto at = [&](int o) AVX2 { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + o)); };
+    lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(at(0)));
+    hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(at(8)));
+  }
+}
+
+template <int BITS>
+const uint8_t* row_of(const QmmProblem& p, int n) {
+  return reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(n) * p.K * BITS / 8;
+}
+
+// Activation rows [m0, m0 + MT) x output rows [n_begin, n_end), NT output rows at a time
+// (n_end - n_begin a multiple of NT): per 16 weights of an output row, dequantize them
+// once, then FMA them into each activation row's accumulator. MT * NT accumulators, 8
+// where the rows allow: independent FMA chains that cover the FMA latency.
+template <int BITS, int MT, int NT, ScaleType ST>
+AVX2 void tile(const QmmProblem& p, const Prepared& xp, int m0, int n_begin, int n_end) {
+  const int gs = p.group_size;
+  const int groups = p.K / gs;
+  const size_t K = static_cast<size_t>(p.K);
+  const float* x = xp.x.data() + static_cast<size_t>(m0) * K;
+  const __m256i low4 = _mm256_set1_epi32(0xf);
+  // Only the first pass over these output rows reads them from memory (later activation
+  // rows find them in cache).
+  const long ahead = m0 == 0 ? g_prefetch_distance.load(std::memory_order_relaxed) : 0;
+  const size_t group_bytes = static_cast<size_t>(gs) * BITS / 8 * NT;
+  for (int n0 = n_begin; n0 < n_end; n0 += NT) {
+    const uint8_t* w[NT];
+    for (int j = 0; j < NT; ++j) {
+      w[j] = row_of<BITS>(p, n0 + j);
+    }
+    __m256 acc[MT * NT];
+    for (int a = 0; a < MT * NT; ++a) {
+      acc[a] = _mm256_setzero_ps();
+    }
+    GroupScales<NT, ST> scales;
+    for (int g = 0; g < groups; ++g) {
+      scales.at_group(p, n0, groups, g);
+      prefetch_ahead(w[0], g * group_bytes, (g + 1) * group_bytes, ahead);
+      for (int k = g * gs; k < (g + 1) * gs; k += 16) {
+        for (int j = 0; j < NT; ++j) {
+          __m256 lo, hi;
+          unpack<BITS>(w[j], k, low4, lo, hi);
+          lo = _mm256_fmadd_ps(lo, scales.s(j, g), scales.b(j, g));
+          hi = _mm256_fmadd_ps(hi, scales.s(j, g), scales.b(j, g));
+          for (int i = 0; i < MT; ++i) {
+            acc[i * NT + j] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i * K + k), acc[i * NT + j]);
+            acc[i * NT + j] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i * K + k + 8), acc[i * NT + j]);
+          }
+        }
+      }
+    }
+    for (int i = 0; i < MT; ++i) {
+      for (int j = 0; j < NT; ++j) {
+        p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = hsum(acc[i * NT + j]);
+      }
+    }
+  }
+}
+
+// Output rows [n_begin, n_end) for activation rows [m, m + MT): NT at a time, the last
+// 1 to NT - 1 one at a time.
+template <int BITS, int MT, ScaleType ST>
+void rows_of_tile(const QmmProblem& p, const Prepared& xp, int m, int n_begin, int n_end) {
+  constexpr int NT = MT >= 8 ? 1 : MT >= 4 ? 2 : 4;
+  const int tiles_end = n_begin + (n_end - n_begin) / NT * NT;
+  tile<BITS, MT, NT, ST>(p, xp, m, n_begin, tiles_end);
+  if constexpr (NT > 1) {
+    tile<BITS, MT, 1, ST>(p, xp, m, tiles_end, n_end);
+  }
+}
+
+template <int BITS, ScaleType ST>
+void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  // Output rows in blocks whose weights stay in L2, and within a block kTileRows
+  // activation rows at a time across every output row, then the rest in one tile: the
+  // tile's activations stay in L1 while the block's weights stream past them.
+  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
+  const int block = std::max<int>(4, static_cast<int>(kWeightBlockBytes / row_bytes) & ~3);
+  for (int nb = n_begin; nb < n_end; nb += block) {
+    const int ne = std::min(n_end, nb + block);
+    int m = 0;
+    for (; m + kTileRows <= p.M; m += kTileRows) {
+      rows_of_tile<BITS, kTileRows, ST>(p, xp, m, nb, ne);
+    }
+    static_assert(kTileRows == 8, "the rest below takes 1-7 rows");
+    switch (p.M - m) {
+      case 7: rows_of_tile<BITS, 7, ST>(p, xp, m, nb, ne); break;
+      case 6: rows_of_tile<BITS, 6, ST>(p, xp, m, nb, ne); break;
+      case 5: rows_of_tile<BITS, 5, ST>(p, xp, m, nb, ne); break;
+      case 4: rows_of_tile<BITS, 4, ST>(p, xp, m, nb, ne); break;
+      case 3: rows_of_tile<BITS, 3, ST>(p, xp, m, nb, ne); break;
+      case 2: rows_of_tile<BITS, 2, ST>(p, xp, m, nb, ne); break;
+      case 1: rows_of_tile<BITS, 1, ST>(p, xp, m, nb, ne); break;
+      default: break;
+    }
+  }
+}
+
+template <int BITS>
+void rows_bits(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  switch (p.scale_type) {
+    case ScaleType::f32: rows_typed<BITS, ScaleType::f32>(p, xp, n_begin, n_end); break;
+    case ScaleType::f16: rows_typed<BITS, ScaleType::f16>(p, xp, n_begin, n_end); break;
+    case ScaleType::bf16: rows_typed<BITS, ScaleType::bf16>(p, xp, n_begin, n_end); break;
+  }
+}
 
 } // namespace
 
 void rows_avx2(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
-  rows_with_tiles<Avx2Tiles>(p, xp, n_begin, n_end);
+  if (p.bits == 4) {
+    rows_bits<4>(p, xp, n_begin, n_end);
+  } else {
+    rows_bits<8>(p, xp, n_begin, n_end);
+  }
 }
 
 } // namespace vllm_mlx_kernels

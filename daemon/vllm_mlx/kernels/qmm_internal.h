@@ -98,7 +98,7 @@ void rows_int8_vnni(const QmmProblem& p, const PreparedInt8& xp, int n_begin, in
 void prepare_int8_avx2(const QmmProblem& p, PreparedInt8& out);
 void rows_int8_avx2(const QmmProblem& p, const PreparedInt8& xp, int n_begin, int n_end);
 
-// The row loop of the instruction sets with 4-row tiles (AVX2, NEON): one activation row
+// The row loop of the instruction set with 4-row tiles (NEON; AVX2's until round 25): one activation row
 // takes 4 output rows at a time; several take one output row and up to 4 activation rows.
 // `Tiles::run<BITS, MT, NT, ST>(p, xp, m0, n0)` computes one MT x NT tile.
 template <class Tiles, int BITS, ScaleType ST>

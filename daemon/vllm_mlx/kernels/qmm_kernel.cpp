@@ -172,10 +172,12 @@ const float* row_as_float(const QmmProblem& p, const void* base, int n, float* b
   return buf;
 }
 
-void prepare(const QmmProblem& p, int block, Prepared& out) {
+// x for the tiles; with `sums`, also x's sum over each group (the bias term of the tiles
+// that scale a group's sum of q * x: NEON and the portable loops).
+void prepare(const QmmProblem& p, int block, bool sums, Prepared& out) {
   int groups = p.K / p.group_size;
   out.x.resize(static_cast<size_t>(p.M) * p.K);
-  out.sums.resize(static_cast<size_t>(p.M) * groups);
+  out.sums.resize(sums ? static_cast<size_t>(p.M) * groups : 0);
   for (int m = 0; m < p.M; ++m) {
     const float* src = p.x + static_cast<size_t>(m) * p.K;
     float* dst = out.x.data() + static_cast<size_t>(m) * p.K;
@@ -189,7 +191,7 @@ void prepare(const QmmProblem& p, int block, Prepared& out) {
     } else {
       std::memcpy(dst, src, sizeof(float) * p.K);
     }
-    for (int g = 0; g < groups; ++g) {
+    for (int g = 0; sums && g < groups; ++g) {
       float s = 0.0f;
       for (int k = g * p.group_size; k < (g + 1) * p.group_size; ++k) {
         s += src[k];
@@ -439,7 +441,9 @@ void qmm_many(const QmmProblem* problems, int count) {
   thread_local Prepared prepared;
   const Prepared& xp = prepared;
   int block = first.bits != 4 || isa == Isa::scalar ? 0 : isa == Isa::avx512 ? 16 : 8;
-  prepare(first, block, prepared);
+  // The AVX2 and AVX-512 tiles dequantize each weight (s * q + b): no group sums.
+  const bool sums = isa == Isa::scalar || isa == Isa::neon;
+  prepare(first, block, sums, prepared);
   split_rows(problems, count, [&](const QmmProblem& p, int n0, int n1) {
     rows(isa, p, xp, n0, n1);
   });

@@ -30,7 +30,7 @@ inline void widen8(uint8x8_t b, float32x4_t& first, float32x4_t& second) {
   second = vcvtq_f32_u32(vmovl_u16(vget_high_u16(h)));
 }
 
-// The AVX2 tile's shape on NEON: per chunk of 16 weights, unpack once into four
+// Round 11's AVX2 tile shape on NEON: per chunk of 16 weights, unpack once into four
 // float32x4 (for 4 bits: the 8 low nibbles, then the 8 high ones, matching the
 // interleaved activations), FMA into every activation row.
 template <int BITS, int MT, int NT, ScaleType ST>
