@@ -339,3 +339,27 @@ def test_a_missing_extension_is_reported_and_auto_keeps_the_float32_path(
         assert "no C++ compiler" in decision.reason and not qmm.uses_kernel(converted)
     finally:
         qmm._status.cache_clear()
+
+
+@needs_kernel
+def test_the_isa_variable_narrows_the_kernel_or_says_why_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """VLLM_MLX_KERNEL_ISA picks a narrower instruction set for the process; a name the
+    CPU lacks or the kernel does not know leaves the kernel off, saying so."""
+    ext = qmm.extension()
+    try:
+        monkeypatch.setenv(qmm.ISA_VARIABLE, "scalar")
+        qmm._status.cache_clear()
+        narrowed = qmm.status()
+        assert narrowed.available and narrowed.detail.startswith("scalar") and ext.isa() == "scalar"
+        monkeypatch.setenv(qmm.ISA_VARIABLE, "sse9")
+        qmm._status.cache_clear()
+        unknown = qmm.status()
+        assert not unknown.available
+        assert "VLLM_MLX_KERNEL_ISA='sse9'" in unknown.detail and "isa must be" in unknown.detail
+    finally:
+        monkeypatch.delenv(qmm.ISA_VARIABLE)
+        qmm._status.cache_clear()
+        ext.set_isa("best")
+        assert qmm.status().available

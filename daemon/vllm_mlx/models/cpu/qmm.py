@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,10 @@ MAX_ROWS = 128
 NO_LIMIT = 2**31 - 1
 _max_rows = MAX_ROWS
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+# A narrower instruction set than the CPU's best, for the whole process (avx2, scalar):
+# to measure an AVX2-only CPU's path on an AVX-512 one, or to rule the wider path out
+# when diagnosing a machine (docs/operations.md).
+ISA_VARIABLE = "VLLM_MLX_KERNEL_ISA"
 FAILURE_NOTE = KERNEL_DIR / "BUILD_FAILED"  # install.sh writes the build's error here
 
 
@@ -63,6 +68,12 @@ def _status() -> KernelStatus:
         ext = extension()
     except ImportError as exc:
         return KernelStatus(False, _why_missing(exc))
+    forced = os.environ.get(ISA_VARIABLE, "").strip()
+    if forced:
+        try:
+            ext.set_isa(forced)
+        except ValueError as exc:
+            return KernelStatus(False, f"{ISA_VARIABLE}={forced!r}: {exc}")
     error = _self_check(ext)
     if error:
         return KernelStatus(False, f"the built kernel failed its self-check: {error}")
