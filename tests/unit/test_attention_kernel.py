@@ -115,10 +115,11 @@ def test_threads_and_batch_give_each_row_the_same_bits(isa: str, threaded: None)
 
 @pytest.mark.parametrize("d", [64, 128, 72])
 def test_a_key_scores_the_same_bits_in_a_block_of_16_or_alone(isa: str, d: int) -> None:
-    """Scores are summed 16 keys at a time (head dims 64 and 128) and key by key after the
-    last whole block. Where the blocks start follows the first key any head keeps, so
-    another head's mask moves keys 32-34 of head 0 from a block to the tail: its output
-    keeps its bits."""
+    """Scores are summed 16 keys at a time on AVX-512 (head dims 64 and 128), 8 on AVX2
+    (head dims a multiple of 8), and key by key after the last whole block. Where the
+    blocks start follows the first key any head keeps, so another head's mask moves keys
+    32-34 of head 0 from a block to the tail (AVX-512) or to another block (AVX2): its
+    output keeps its bits."""
     q, k, v = qkv(1, 2, 1, d, 40, seed=d)
     from_3 = mx.arange(40) >= 3
     both_from_3 = mx.stack([from_3, from_3]).reshape(1, 2, 1, 40)
