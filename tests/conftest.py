@@ -40,7 +40,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@dataclass
+@dataclass(eq=False)
 class DaemonProcess:
     process: subprocess.Popen[bytes]
     port: int
@@ -55,6 +55,21 @@ class DaemonProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def stacks_and_log(self, lines: int = 120, timeout: float = 10.0) -> str:
+        """The log's last `lines` after asking a live daemon for its threads' stacks
+        (SIGUSR1), for the report of a test that failed while it ran."""
+        if self.process.poll() is None:
+            before = self.log_path.stat().st_size
+            self.process.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:  # until the dump has reached the file
+                with self.log_path.open("rb") as log:
+                    log.seek(before)
+                    if b"most recent call first" in log.read():
+                        break
+                time.sleep(0.05)
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Poll /health until 200 (a readiness condition, not a fixed sleep)."""
@@ -73,6 +88,8 @@ class DaemonProcess:
         raise TimeoutError(f"daemon not healthy after {timeout}s:\n{self.log_text()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self in LIVE_DAEMONS:
+            LIVE_DAEMONS.remove(self)
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:
@@ -81,6 +98,23 @@ class DaemonProcess:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+# This worker's daemons not yet stopped: a failing test's report carries their logs.
+LIVE_DAEMONS: list[DaemonProcess] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that failed while daemons ran (a request that never answered, a wrong
+    reply) gets each one's log tail and thread stacks in its report: the daemon's side
+    of the failure, which its temporary directory loses once the run is over."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and call.when == "call":
+        for daemon in list(LIVE_DAEMONS):
+            title = f"daemon on port {daemon.port}: log tail and thread stacks"
+            report.sections.append((title, daemon.stacks_and_log()))
 
 
 @pytest.fixture(scope="session")
@@ -136,7 +170,9 @@ def launch(
         process = subprocess.Popen(
             [*command, *(args or [])], stdout=log_file, stderr=subprocess.STDOUT, env=process_env
         )
-    return DaemonProcess(process, port, config_path, log_path)
+    daemon_process = DaemonProcess(process, port, config_path, log_path)
+    LIVE_DAEMONS.append(daemon_process)
+    return daemon_process
 
 
 @contextlib.contextmanager

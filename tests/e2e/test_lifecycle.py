@@ -178,6 +178,22 @@ def test_sighup_moves_the_listener_with_same_pid(start_daemon: StartDaemon, tmp_
     daemon.port = new_port  # so the fixture stops it where it now listens
 
 
+def test_sigusr1_logs_every_threads_stack_while_a_request_runs_on(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    """`kill -USR1` is how an operator sees where a request that never answers waits: the
+    dump names the engine's thread at work, and the stream and the daemon go on."""
+    daemon = start_daemon(env=run_env(tmp_path))
+    stream = Stream(client(daemon), max_tokens=48)
+    stream.wait_started()
+    dump = daemon.stacks_and_log(lines=100_000)
+    assert "Thread 0x" in dump and "most recent call first" in dump
+    assert "vllm_mlx/engine/scheduler.py" in dump  # the engine thread, mid-request
+    stream.wait()
+    assert stream.error is None and stream.completion_tokens == 48
+    assert get(daemon, "/health") == 200 and daemon.process.poll() is None
+
+
 @pytest.mark.skipif(not kernel_in_use(), reason="the default model is not on the CPU kernel here")
 def test_sighup_applies_the_kernel_pool_setting(start_daemon: StartDaemon, tmp_path: Path) -> None:
     model = {"name": "first", "source": BUILTIN}

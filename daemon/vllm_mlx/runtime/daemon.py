@@ -13,6 +13,7 @@ then exits 0; a second one exits at once.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import signal
 import sys
@@ -150,6 +151,11 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
         loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
+        # `kill -USR1 PID`: every thread's Python stack into the log, the daemon going on.
+        # Where a request that never answers waits (the engine thread, a worker, a lock),
+        # even with the event loop or the engine stuck: the dump runs in the signal
+        # handler, not in Python code (docs/operations.md).
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
 
     def _on_stop_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
