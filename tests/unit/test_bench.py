@@ -155,3 +155,15 @@ def test_startup_reads_listening_and_the_first_model_ready_from_the_log(tmp_path
     )
     started = datetime.datetime(2026, 12, 7, 3, 0, 0, tzinfo=datetime.UTC).timestamp()
     assert log_seconds(log, started) == {"listening": 3.5, "model ready": 5.25}
+
+
+def test_the_near_linear_figure_by_means_medians_and_rounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One slow short prompt moves the means' ratio; the medians' and each round's show it."""
+    from bench.prefill import near_linear
+
+    near_linear("ours", [8.0, 8.0, 8.0], [1.0, 1.0, 2.0], [8.0, 8.0, 8.0])
+    line = capsys.readouterr().out
+    assert "the 4096 / 512 time ratio is 6.0x (means), 8.0x (medians) for 8.0x the tokens" in line
+    assert line.strip().endswith("per round, over its token ratio: 1.00x, 1.00x, 0.50x")
