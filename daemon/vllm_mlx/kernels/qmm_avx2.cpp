@@ -73,8 +73,9 @@ AVX2 inline void load_scales(const void* base, size_t at, int count, float* dst)
   }
 }
 
-// The scales of NT output rows, 8 groups at a time: converted at once into a buffer, then
-// each group broadcasts its own from memory (a load, no shuffle).
+// The scales and biases of NT output rows, 8 groups at a time: converted at once into a
+// buffer, then each group broadcasts its pair from memory (a load, no shuffle). AVX-512's
+// is the same with 16 groups and 16-lane broadcasts.
 template <int NT, ScaleType ST>
 struct GroupScales {
   alignas(32) float scale[NT][8];
