@@ -21,8 +21,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <type_traits>
-#include <utility>
 
 namespace vllm_mlx_kernels {
 
@@ -34,6 +32,12 @@ namespace {
 // to cover the FMA latency), one output row's dequantized weights, its scale and bias and
 // the nibble mask fit the 16 vector registers.
 constexpr int kTileRows = 8;
+
+// From this many activation rows on, output rows are dequantized into a buffer first
+// (rows_dequantized), kBlockOutputs at a time: 4 x 3 blocks of accumulators. At 4-5 rows
+// the tiles were as fast or faster, from 6 on slower (bench/qmm_tile.cpp, round 25).
+constexpr int kDequantizedRows = 6;
+constexpr int kBlockOutputs = 3;
 
 // The weights the multi-row tiles sweep per pass of activation rows: within L2 on every
 // AVX2 core (256 KiB and up), so passes after the first read them from there.
@@ -182,8 +186,105 @@ void rows_of_tile(const QmmProblem& p, const Prepared& xp, int m, int n_begin, i
   }
 }
 
+// Output rows [n0, n0 + count) dequantized into out ([count][K], x's order): each weight
+// the very fma(q, s, b) the tiles compute in registers.
+template <int BITS, ScaleType ST>
+AVX2 void dequantize_rows(const QmmProblem& p, int n0, int count, float* out) {
+  const int gs = p.group_size;
+  const int groups = p.K / gs;
+  const __m256i low4 = _mm256_set1_epi32(0xf);
+  for (int j = 0; j < count; ++j) {
+    const uint8_t* w = row_of<BITS>(p, n0 + j);
+    float* row = out + static_cast<size_t>(j) * p.K;
+    GroupScales<1, ST> scales;
+    for (int g = 0; g < groups; ++g) {
+      scales.at_group(p, n0 + j, groups, g);
+      const __m256 s = scales.s(0, g), b = scales.b(0, g);
+      for (int k = g * gs; k < (g + 1) * gs; k += 16) {
+        __m256 lo, hi;
+        unpack<BITS>(w, k, low4, lo, hi);
+        _mm256_store_ps(row + k, _mm256_fmadd_ps(lo, s, b));
+        _mm256_store_ps(row + k + 8, _mm256_fmadd_ps(hi, s, b));
+      }
+    }
+  }
+}
+
+// Activation rows [m0, m0 + MT) x the NT dequantized output rows at wd (n0 on): one
+// accumulator per pair, the FMAs over k in the tiles' order, so the same bits as tile().
+// Each 8 weights and activations are loaded once for the whole MT x NT block: 12 FMAs
+// to 7 loads, where tile() loads an activation vector for every FMA.
+template <int MT, int NT>
+AVX2 void block_product(const QmmProblem& p, const Prepared& xp, const float* wd, int m0,
+                        int n0) {
+  const size_t K = static_cast<size_t>(p.K);
+  const float* x = xp.x.data() + static_cast<size_t>(m0) * K;
+  __m256 acc[MT][NT];
+  for (int i = 0; i < MT; ++i) {
+    for (int j = 0; j < NT; ++j) {
+      acc[i][j] = _mm256_setzero_ps();
+    }
+  }
+  for (size_t k = 0; k < K; k += 8) {
+    __m256 w[NT];
+    for (int j = 0; j < NT; ++j) {
+      w[j] = _mm256_load_ps(wd + j * K + k);
+    }
+    for (int i = 0; i < MT; ++i) {
+      const __m256 xi = _mm256_loadu_ps(x + i * K + k);
+      for (int j = 0; j < NT; ++j) {
+        acc[i][j] = _mm256_fmadd_ps(w[j], xi, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    for (int j = 0; j < NT; ++j) {
+      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + j] = hsum(acc[i][j]);
+    }
+  }
+}
+
+// Every activation row x NT dequantized output rows, 4 rows at a time, then the rest.
+template <int NT>
+void block_rows(const QmmProblem& p, const Prepared& xp, const float* wd, int n0) {
+  int m = 0;
+  for (; m + 4 <= p.M; m += 4) {
+    block_product<4, NT>(p, xp, wd, m, n0);
+  }
+  switch (p.M - m) {
+    case 3: block_product<3, NT>(p, xp, wd, m, n0); break;
+    case 2: block_product<2, NT>(p, xp, wd, m, n0); break;
+    case 1: block_product<1, NT>(p, xp, wd, m, n0); break;
+    default: break;
+  }
+}
+
+// Many activation rows: kBlockOutputs output rows at a time are dequantized once into a
+// buffer in L1, then multiplied as floats into every row (block_rows). The tiles above
+// dequantize each weight again for every kTileRows rows and load an activation vector for
+// every FMA, which bounds them at ~half the FMA peak.
+template <int BITS, ScaleType ST>
+void rows_dequantized(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  thread_local std::vector<float, CacheLineAllocator<float>> buffer;
+  buffer.resize(static_cast<size_t>(kBlockOutputs) * p.K);
+  for (int n0 = n_begin; n0 < n_end; n0 += kBlockOutputs) {
+    const int count = std::min(kBlockOutputs, n_end - n0);
+    dequantize_rows<BITS, ST>(p, n0, count, buffer.data());
+    static_assert(kBlockOutputs == 3, "block_rows below takes 1-3 output rows");
+    switch (count) {
+      case 3: block_rows<3>(p, xp, buffer.data(), n0); break;
+      case 2: block_rows<2>(p, xp, buffer.data(), n0); break;
+      default: block_rows<1>(p, xp, buffer.data(), n0); break;
+    }
+  }
+}
+
 template <int BITS, ScaleType ST>
 void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
+  if (p.M >= kDequantizedRows) {
+    rows_dequantized<BITS, ST>(p, xp, n_begin, n_end);
+    return;
+  }
   // Output rows in blocks whose weights stay in L2, and within a block kTileRows
   // activation rows at a time across every output row, then the rest in one tile: the
   // tile's activations stay in L1 while the block's weights stream past them.
