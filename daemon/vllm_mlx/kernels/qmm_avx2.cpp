@@ -6,8 +6,10 @@
 // FMA'd into one accumulator per output, reduced once, whatever the tile. So a row gets the
 // same bits alone or in a batch (batch invariance; tests/unit/test_qmm_kernel.py). A tile
 // is MT activation rows x NT output rows with 8 accumulators where the rows allow (1 x 4
-// decoding one sequence, 2 x 4, 3 x 4, 4-7 x 2, 8 x 1): each output row's 16
-// weights are dequantized once for all MT rows.
+// decoding one sequence, 2 x 4, 3 x 4, 4-5 x 2): each output row's 16 weights are
+// dequantized once for all MT rows. From 6 rows on (rows_dequantized), 3 output rows are
+// dequantized into a buffer in L1 at a time and multiplied in float blocks of 4 rows x 3
+// outputs, the same FMAs in the same order.
 //
 // Before (round 11), the tiles summed q * x over a group and scaled the sum
 // (s * sum(q * x) + b * sum(x)): no dequantizing FMAs, but every group of 32 weights ended
@@ -27,11 +29,6 @@ namespace vllm_mlx_kernels {
 namespace {
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-// Activation rows the largest tile takes: 8 accumulators (independent FMA chains, enough
-// to cover the FMA latency), one output row's dequantized weights, its scale and bias and
-// the nibble mask fit the 16 vector registers.
-constexpr int kTileRows = 8;
 
 // From this many activation rows on, output rows are dequantized into a buffer first
 // (rows_dequantized), kBlockOutputs at a time: 4 x 3 blocks of accumulators. At 4-5 rows
@@ -178,7 +175,7 @@ AVX2 void tile(const QmmProblem& p, const Prepared& xp, int m0, int n_begin, int
 // 1 to NT - 1 one at a time.
 template <int BITS, int MT, ScaleType ST>
 void rows_of_tile(const QmmProblem& p, const Prepared& xp, int m, int n_begin, int n_end) {
-  constexpr int NT = MT >= 8 ? 1 : MT >= 4 ? 2 : 4;
+  constexpr int NT = MT >= 4 ? 2 : 4;
   const int tiles_end = n_begin + (n_end - n_begin) / NT * NT;
   tile<BITS, MT, NT, ST>(p, xp, m, n_begin, tiles_end);
   if constexpr (NT > 1) {
@@ -261,7 +258,7 @@ void block_rows(const QmmProblem& p, const Prepared& xp, const float* wd, int n0
 
 // Many activation rows: kBlockOutputs output rows at a time are dequantized once into a
 // buffer in L1, then multiplied as floats into every row (block_rows). The tiles above
-// dequantize each weight again for every kTileRows rows and load an activation vector for
+// dequantize each weight again for every few rows and load an activation vector for
 // every FMA, which bounds them at ~half the FMA peak.
 template <int BITS, ScaleType ST>
 void rows_dequantized(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end) {
@@ -285,27 +282,19 @@ void rows_typed(const QmmProblem& p, const Prepared& xp, int n_begin, int n_end)
     rows_dequantized<BITS, ST>(p, xp, n_begin, n_end);
     return;
   }
-  // Output rows in blocks whose weights stay in L2, and within a block kTileRows
-  // activation rows at a time across every output row, then the rest in one tile: the
-  // tile's activations stay in L1 while the block's weights stream past them.
+  // Output rows in blocks whose weights stay in L2 while every activation row's tile
+  // passes over them.
   const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
   const int block = std::max<int>(4, static_cast<int>(kWeightBlockBytes / row_bytes) & ~3);
   for (int nb = n_begin; nb < n_end; nb += block) {
     const int ne = std::min(n_end, nb + block);
-    int m = 0;
-    for (; m + kTileRows <= p.M; m += kTileRows) {
-      rows_of_tile<BITS, kTileRows, ST>(p, xp, m, nb, ne);
-    }
-    static_assert(kTileRows == 8, "the rest below takes 1-7 rows");
-    switch (p.M - m) {
-      case 7: rows_of_tile<BITS, 7, ST>(p, xp, m, nb, ne); break;
-      case 6: rows_of_tile<BITS, 6, ST>(p, xp, m, nb, ne); break;
-      case 5: rows_of_tile<BITS, 5, ST>(p, xp, m, nb, ne); break;
-      case 4: rows_of_tile<BITS, 4, ST>(p, xp, m, nb, ne); break;
-      case 3: rows_of_tile<BITS, 3, ST>(p, xp, m, nb, ne); break;
-      case 2: rows_of_tile<BITS, 2, ST>(p, xp, m, nb, ne); break;
-      case 1: rows_of_tile<BITS, 1, ST>(p, xp, m, nb, ne); break;
-      default: break;
+    static_assert(kDequantizedRows == 6, "the tiles below take 1-5 rows");
+    switch (p.M) {
+      case 5: rows_of_tile<BITS, 5, ST>(p, xp, 0, nb, ne); break;
+      case 4: rows_of_tile<BITS, 4, ST>(p, xp, 0, nb, ne); break;
+      case 3: rows_of_tile<BITS, 3, ST>(p, xp, 0, nb, ne); break;
+      case 2: rows_of_tile<BITS, 2, ST>(p, xp, 0, nb, ne); break;
+      default: rows_of_tile<BITS, 1, ST>(p, xp, 0, nb, ne); break;
     }
   }
 }
