@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,7 +70,21 @@ class DaemonProcess:
                     if b"most recent call first" in log.read():
                         break
                 time.sleep(0.05)
-        return "\n".join(self.log_text().splitlines()[-lines:])
+        return "\n".join(self.log_text().splitlines()[-lines:]) + self.native_stacks()
+
+    def native_stacks(self) -> str:
+        """Every thread's native stack (gdb, where installed and allowed to attach): where
+        a computation waits below Python, in MLX or the kernel's pool."""
+        gdb = shutil.which("gdb")
+        if gdb is None or self.process.poll() is not None:
+            return ""
+        pid = str(self.process.pid)
+        command = [gdb, "-p", pid, "-batch", "-nx", "-ex", "thread apply all bt 30"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            return "\n(gdb did not finish in 60 s)"
+        return "\n\nnative stacks (gdb):\n" + done.stdout[-60_000:]
 
     def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Poll /health until 200 (a readiness condition, not a fixed sleep)."""
